@@ -1,0 +1,433 @@
+// Primitives shared by every cuquant kernel: storage types, vector memory access,
+// non-flushing float arithmetic, exact division, rounding, code encoders and decoders,
+// and reductions. One copy of each.
+//
+// The file needs no CUDA header, so NVRTC compiles it without an include path.
+//
+// CuPy compiles every module with -ftz=true, which would flush subnormal inputs, scales
+// and quotients to zero. Every float operation on a quantization path is therefore
+// written as explicit PTX without .ftz, and maxima are taken on the float bits.
+#pragma once
+
+namespace cq {
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef signed char i8;
+
+// 16-bit float storage: raw bits, converted explicitly below.
+struct half { u16 bits; };
+struct bfloat16 { u16 bits; };
+
+// ---------------------------------------------------------------------------------------
+// Type traits (no <type_traits> under NVRTC without headers)
+
+template <bool C, typename A, typename B> struct Conditional { typedef A type; };
+template <typename A, typename B> struct Conditional<false, A, B> { typedef B type; };
+template <typename A, typename B> struct IsSame { static constexpr bool value = false; };
+template <typename A> struct IsSame<A, A> { static constexpr bool value = true; };
+
+// ---------------------------------------------------------------------------------------
+// Bit casts and small integer helpers
+
+__device__ __forceinline__ u32 f2u(float f) { return __float_as_uint(f); }
+__device__ __forceinline__ float u2f(u32 u) { return __uint_as_float(u); }
+__device__ __forceinline__ u32 umax(u32 a, u32 b) { return a > b ? a : b; }
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
+__device__ __forceinline__ bool is_nan(float v) { return (f2u(v) & 0x7fffffffu) > 0x7f800000u; }
+
+// Byte permute: selects bytes of {b, a} by the nibbles of s.
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 s) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Non-flushing float arithmetic (IEEE round to nearest even, subnormals kept)
+
+__device__ __forceinline__ float mul_rn(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float add_rn(float a, float b) {
+    float r;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float sub_rn(float a, float b) {
+    float r;
+    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+    float r;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
+__device__ __forceinline__ float div_rn(float a, float b) {
+    float r;
+    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float rcp_rn(float a) {
+    float r;
+    asm("rcp.rn.f32 %0, %1;" : "=f"(r) : "f"(a));
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Division by a divisor shared by a whole group.
+//
+// A group's divisor b is prepared once (DivPlan); each element then costs one multiply and
+// two Newton corrections, which give the correctly rounded quotient: y = RN(1/b) makes
+// RN(a*y) within 1.5 ulp, the first correction makes it faithful and the second exact
+// (Markstein). That holds while the remainders stay normal, which the plan guarantees for
+// |a| <= 2**9 * |b| (every element of a group whose b came from the group's own maximum)
+// by scaling a and b by 2**100 when b is tiny. Any other divisor (0, inf, NaN, huge) falls
+// back to div.rn.f32 for the whole group.
+
+struct DivPlan {
+    float b;        // divisor, prescaled
+    float y;        // RN(1/b)
+    float pre;      // 1 or 2**100, applied to every dividend
+    bool exact;     // true: use div.rn.f32 on the original divisor
+    float b_orig;
+};
+
+__device__ __forceinline__ DivPlan plan_division(float b) {
+    DivPlan p;
+    u32 mag = f2u(b) & 0x7fffffffu;
+    p.b_orig = b;
+    p.exact = !(mag >= 0x00000001u && mag < 0x7e800000u);   // 0, >= 2**126, inf, NaN
+    p.pre = mag < 0x21800000u ? u2f(0x71800000u) : 1.0f;      // b < 2**-60: scale by 2**100
+    p.b = mul_rn(b, p.pre);
+    p.y = rcp_rn(p.b);
+    return p;
+}
+
+// a / b correctly rounded, for |a| <= 2**9 |b| or any a when p.exact.
+__device__ __forceinline__ float divide(float a, const DivPlan& p) {
+    if (p.exact) return div_rn(a, p.b_orig);
+    float s = mul_rn(a, p.pre);
+    float q = mul_rn(s, p.y);
+    float r = fma_rn(-q, p.b, s);
+    q = fma_rn(r, p.y, q);
+    r = fma_rn(-q, p.b, s);
+    q = fma_rn(r, p.y, q);
+    // A zero dividend gives +0 above; the quotient's sign is sign(a) ^ sign(b).
+    return u2f((f2u(q) & 0x7fffffffu) | ((f2u(a) ^ f2u(p.b)) & 0x80000000u));
+}
+
+// ---------------------------------------------------------------------------------------
+// Element conversions
+
+template <typename T> __device__ __forceinline__ float to_f32(T v);
+template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f32<half>(half v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+    return f;
+}
+template <> __device__ __forceinline__ float to_f32<bfloat16>(bfloat16 v) {
+    return u2f(((u32)v.bits) << 16);
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ half from_f32<half>(float v) {
+    half h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(v));
+    return h;
+}
+template <> __device__ __forceinline__ bfloat16 from_f32<bfloat16>(float v) {
+    bfloat16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(v));
+    return h;
+}
+
+// |v| as float bits; a NaN stays above every number, so an unsigned max of these bits is
+// the NaN-propagating, subnormal-keeping maximum of |v|.
+template <typename T> __device__ __forceinline__ u32 abs_bits(T v);
+template <> __device__ __forceinline__ u32 abs_bits<float>(float v) { return f2u(v) & 0x7fffffffu; }
+template <> __device__ __forceinline__ u32 abs_bits<half>(half v) {
+    return f2u(to_f32(half{(u16)(v.bits & 0x7fffu)}));
+}
+template <> __device__ __forceinline__ u32 abs_bits<bfloat16>(bfloat16 v) {
+    return ((u32)(v.bits & 0x7fffu)) << 16;
+}
+
+// ---------------------------------------------------------------------------------------
+// Vector memory access: N elements of T in one aligned access (16 bytes at most).
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+    T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+    return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
+    *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+// Maximum of |v| over a vector, as float bits (see abs_bits).
+template <typename T, int N>
+__device__ __forceinline__ u32 vec_abs_max(const Vec<T, N>& x, u32 acc) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc = umax(acc, abs_bits(x.v[i]));
+    return acc;
+}
+
+// ---------------------------------------------------------------------------------------
+// Codes
+
+// Symmetric int8, codes in [-127, 127]; NaN gives 0.
+struct CodeInt8 {
+    typedef i8 T;
+    // v is the exact quotient x / scale.
+    __device__ static __forceinline__ i8 encode(float v) {
+        if (is_nan(v)) return 0;
+        float c;
+        asm("max.f32 %0, %1, 0fC2FE0000;" : "=f"(c) : "f"(v));   // -127
+        asm("min.f32 %0, %0, 0f42FE0000;" : "+f"(c));            //  127
+        // Adding 1.5 * 2**23 rounds to an integer, half to even; the low byte is the code.
+        return (i8)(f2u(add_rn(c, 12582912.0f)) & 0xffu);
+    }
+    __device__ static __forceinline__ float decode(i8 c) { return (float)(int)c; }
+};
+
+// float8_e4m3fn (max 448, NaN = 0x7F, no infinities).
+struct CodeE4M3 {
+    typedef u8 T;
+    // Encodes clamp(v, -448, 448), rounded to nearest even; NaN gives 0x7F.
+    __device__ static __forceinline__ u8 encode(float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+        // satfinite clamps to +-448 exactly as the explicit clamp would, and maps NaN to 0x7F.
+        u16 r;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(v));
+        return (u8)(r & 0xffu);
+#else
+        return encode_soft(v);
+#endif
+    }
+    // Bit-level encoder for chips without fp8 conversion (sm_80).
+    __device__ static __forceinline__ u8 encode_soft(float v) {
+        u32 bits = f2u(v);
+        u32 sign = (bits >> 24) & 0x80u;
+        u32 mag = bits & 0x7fffffffu;
+        if (mag > 0x7f800000u) return 0x7f;                 // NaN
+        if (mag >= 0x43e00000u) return (u8)(sign | 0x7e);  // |v| >= 448: clamp
+        if (mag < 0x3c800000u) {                            // |v| < 2**-6: subnormal codes
+            float scaled = mul_rn(u2f(mag), 512.0f);        // |v| * 2**9, exact
+            int m;
+            asm("cvt.rni.s32.f32 %0, %1;" : "=r"(m) : "f"(scaled));
+            return (u8)(sign | (u32)m);                     // m == 8 is the smallest normal
+        }
+        // Normal: round the 23-bit mantissa to 3 bits, half to even; a carry moves the exponent.
+        u32 r = mag + 0x7ffffu + ((mag >> 20) & 1u);
+        u32 e = (r >> 23) - 127u + 7u;
+        u32 m = (r >> 20) & 7u;
+        return (u8)(sign | (e << 3) | m);
+    }
+    __device__ static __forceinline__ float decode(u8 c) {
+        u32 sign = ((u32)c & 0x80u) << 24;
+        u32 e = ((u32)c >> 3) & 0xfu;
+        u32 m = (u32)c & 7u;
+        if (e == 15u && m == 7u) return u2f(0x7fffffffu);
+        if (e == 0u) return u2f(f2u(mul_rn((float)m, 0.001953125f)) | sign);   // m * 2**-9
+        return u2f(sign | ((e + 120u) << 23) | (m << 20));
+    }
+};
+
+// Encodes two elements at once where the hardware packs them (fp8 on sm_89+).
+template <typename Code>
+__device__ __forceinline__ void encode_pair(float lo, float hi, typename Code::T& c0,
+                                            typename Code::T& c1) {
+    c0 = Code::encode(lo);
+    c1 = Code::encode(hi);
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+template <>
+__device__ __forceinline__ void encode_pair<CodeE4M3>(float lo, float hi, u8& c0, u8& c1) {
+    u16 r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    c0 = (u8)(r & 0xffu);
+    c1 = (u8)(r >> 8);
+}
+#endif
+
+// Decodes a vector of codes to floats (exact).
+template <typename Code, int VEC>
+__device__ __forceinline__ void decode_vec(const Vec<typename Code::T, VEC>& c, float* f) {
+    if constexpr (IsSame<Code, CodeInt8>::value && VEC % 4 == 0) {
+        // 0x4B0000uu is 2**23 + uu: with the bytes biased by 128, one subtraction decodes.
+        const u32* w = reinterpret_cast<const u32*>(&c);
+#pragma unroll
+        for (int k = 0; k < VEC / 4; ++k) {
+            const u32 b = w[k] ^ 0x80808080u;
+            f[4 * k + 0] = u2f(prmt(b, 0x4B000000u, 0x7540u)) - 8388736.0f;
+            f[4 * k + 1] = u2f(prmt(b, 0x4B000000u, 0x7541u)) - 8388736.0f;
+            f[4 * k + 2] = u2f(prmt(b, 0x4B000000u, 0x7542u)) - 8388736.0f;
+            f[4 * k + 3] = u2f(prmt(b, 0x4B000000u, 0x7543u)) - 8388736.0f;
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    } else if constexpr (IsSame<Code, CodeE4M3>::value && VEC % 2 == 0) {
+        const u16* w = reinterpret_cast<const u16*>(&c);
+#pragma unroll
+        for (int k = 0; k < VEC / 2; ++k) {
+            u32 h2;
+            asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(w[k]));
+            f[2 * k] = to_f32(half{(u16)(h2 & 0xffffu)});
+            f[2 * k + 1] = to_f32(half{(u16)(h2 >> 16)});
+        }
+#endif
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) f[i] = Code::decode(c.v[i]);
+    }
+}
+
+// Rounds two floats to the output type (one packed conversion for 16-bit types).
+template <typename T>
+__device__ __forceinline__ void convert_pair(float lo, float hi, T& a, T& b) {
+    if constexpr (IsSame<T, half>::value) {
+        u32 r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        a.bits = (u16)(r & 0xffffu);
+        b.bits = (u16)(r >> 16);
+    } else if constexpr (IsSame<T, bfloat16>::value) {
+        u32 r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        a.bits = (u16)(r & 0xffffu);
+        b.bits = (u16)(r >> 16);
+    } else {
+        a = from_f32<T>(lo);
+        b = from_f32<T>(hi);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Scale rules (SPEC sections 3 and 4). inv_qmax is f32(1/qmax); eps_bits the floor's bits.
+
+enum ScaleRule { ZERO_IS_ONE = 0, FLOOR_EPS = 1, FLOOR_EPS_POW2 = 2 };
+
+// Smallest power of two >= s, from the bits; NaN and inf stay.
+__device__ __forceinline__ float ceil_pow2(float s) {
+    u32 b = f2u(s);
+    u32 mag = b & 0x7fffffffu;
+    if (mag >= 0x7f800000u || mag == 0u) return s;
+    if (mag < 0x00800000u) {                       // subnormal: next power of two of the bits
+        u32 p = 1u;
+        while (p < mag) p <<= 1;
+        return u2f((b & 0x80000000u) | p);
+    }
+    if ((mag & 0x007fffffu) == 0u) return s;
+    return u2f((b & 0x80000000u) | ((mag & 0x7f800000u) + 0x00800000u));
+}
+
+template <int RULE>
+__device__ __forceinline__ float scale_from_amax(u32 amax_bits, float inv_qmax, u32 eps_bits) {
+    if (RULE == ZERO_IS_ONE) {
+        return amax_bits == 0u ? 1.0f : mul_rn(u2f(amax_bits), inv_qmax);
+    }
+    float s = mul_rn(u2f(umax(amax_bits, eps_bits)), inv_qmax);
+    return RULE == FLOOR_EPS_POW2 ? ceil_pow2(s) : s;
+}
+
+// ---------------------------------------------------------------------------------------
+// Reductions over lanes
+
+// Max over the aligned run of W consecutive lanes (W a power of two, at most 32).
+template <int W>
+__device__ __forceinline__ u32 lanes_max(u32 v) {
+#pragma unroll
+    for (int o = W / 2; o > 0; o >>= 1) v = umax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Max over a run of W consecutive threads of a block (W a power of two); every thread of
+// the run gets the result. W > 32 uses `scratch` (one word per warp) and __syncthreads, so
+// every thread of the block must call it.
+template <int W>
+__device__ __forceinline__ u32 group_max(u32 v, u32* scratch) {
+    if (W <= 32) return lanes_max<(W < 32 ? W : 32)>(v);
+    v = lanes_max<32>(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int wpg = W / 32, first = (warp / wpg) * wpg;
+    u32 r = 0;
+    for (int i = 0; i < wpg; ++i) r = umax(r, scratch[first + i]);
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Division of non-negative 64-bit indices by a run-time divisor d < 2**31: a multiply and
+// shift (Granlund-Montgomery) while n < 2**31, a true division above.
+
+struct FastDiv {
+    i64 d;
+    u32 magic, shift;
+    __device__ __forceinline__ i64 div(i64 n) const {
+        if ((u64)n < 0x80000000ull) {
+            u32 n32 = (u32)n;
+            return (i64)((__umulhi(n32, magic) + n32) >> shift);
+        }
+        return n / d;
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// Grid-wide handshake for single-launch two-phase kernels.
+// ws[0]: running maximum, ws[1]: blocks arrived, ws[2]: blocks departed. The last block to
+// depart zeroes all three, so the next launch on the same stream finds them clean.
+
+__device__ __forceinline__ u32 ld_acquire(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 atom_add_acq_rel(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+__device__ __forceinline__ void atom_max_relaxed(u32* p, u32 v) {
+    asm volatile("red.relaxed.gpu.global.max.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed(u32* p, u32 v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+
+// Called by every thread of every block with the block's value in `v` (already reduced
+// across the block); returns the maximum over the grid to every thread.
+__device__ __forceinline__ u32 grid_max(u32 v, u32* ws, u32* shared_word) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atom_max_relaxed(&ws[0], v);
+        atom_add_acq_rel(&ws[1], 1u);                 // release: the max is visible first
+        while (ld_acquire(&ws[1]) < gridDim.x) { __nanosleep(32); }
+        u32 m = ld_acquire(&ws[0]);
+        *shared_word = m;
+        if (atom_add_acq_rel(&ws[2], 1u) == gridDim.x - 1u) {  // last to leave cleans up
+            st_relaxed(&ws[0], 0u);
+            st_relaxed(&ws[1], 0u);
+            st_relaxed(&ws[2], 0u);
+        }
+    }
+    __syncthreads();
+    return *shared_word;
+}
+
+}  // namespace cq

@@ -1,0 +1,366 @@
+// Symmetric scaled quantization (INT8 and FP8 e4m3, SPEC sections 3 and 4) and its inverse.
+//
+// Kernels, each a template over the input type Tin, the code (CodeInt8 / CodeE4M3), and the
+// vector width VEC (16 bytes of input per access, or 1 where rows are not 16-byte aligned):
+//   quantize_row_groups  groups of G contiguous elements of each row (per channel, per row,
+//                        per block, per token group, SmoothQuant)
+//   quantize_tensor      one scale for the whole tensor, one launch: amax, grid handshake,
+//                        then quantize, keeping the first CACHE vectors per thread on chip
+//   quantize_static      a given scale
+//   quantize_tiles       128x128 tiles (DeepSeek-V3 weight blocks)
+//   dequantize_scaled    codes times the scale of their row / group / tile / tensor
+#include "common.cuh"
+
+namespace cq {
+
+// ---------------------------------------------------------------------------------------
+// Quantizing a vector against a prepared divisor
+
+template <typename Tin, typename Code, int VEC>
+__device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec(const Vec<Tin, VEC>& x,
+                                                                   const DivPlan& p) {
+    Vec<typename Code::T, VEC> out;
+    float f[VEC];
+    if (p.exact) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) f[i] = div_rn(to_f32(x.v[i]), p.b_orig);
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) f[i] = divide(to_f32(x.v[i]), p);
+    }
+#pragma unroll
+    for (int i = 0; i + 1 < VEC; i += 2) encode_pair<Code>(f[i], f[i + 1], out.v[i], out.v[i + 1]);
+    if (VEC % 2) out.v[VEC - 1] = Code::encode(f[VEC - 1]);
+    return out;
+}
+
+// Same, dividing every element by its own divisor first (SmoothQuant's x / smooth).
+template <typename Tin, int VEC>
+__device__ __forceinline__ Vec<float, VEC> smooth_vec(const Vec<Tin, VEC>& x, const float* smooth) {
+    Vec<float, VEC> r;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) r.v[i] = div_rn(to_f32(x.v[i]), smooth[i]);
+    return r;
+}
+
+// A vector of a group as the kernel holds it: the input itself, or (SMOOTH) x / smooth in
+// float32, one IEEE division per element.
+template <typename Tin, int VEC, bool SMOOTH>
+__device__ __forceinline__ Vec<typename Conditional<SMOOTH, float, Tin>::type, VEC>
+load_group_vec(const Tin* x, const float* smooth) {
+    if constexpr (SMOOTH) {
+        return smooth_vec<Tin, VEC>(load_vec<Tin, VEC>(x), load_vec<float, VEC>(smooth).v);
+    } else {
+        return load_vec<Tin, VEC>(x);
+    }
+}
+
+template <int TPG> struct BlockThreads { enum { value = TPG > 256 ? TPG : 256 }; };
+
+// ---------------------------------------------------------------------------------------
+// Row groups. The input is [rows, K]; each row is cut into groups of G elements (the last
+// may be shorter). A run of TPG threads owns one group at a time, each thread VPT vectors
+// of it; GPI groups are loaded before the first is reduced, so GPI * VPT loads are in
+// flight per thread. SMOOTH divides x by smooth[k] before anything else (G must be K).
+template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, int GPI, bool SMOOTH>
+__global__ void __launch_bounds__(BlockThreads<TPG>::value)
+quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
+                    float* __restrict__ scale, const float* __restrict__ smooth,
+                    i64 rows, i64 K, i64 G, i64 groups_per_row, u32 gpr_magic, u32 gpr_shift,
+                    i64 scale_row_stride, i64 scale_group_stride, i64 scale_pad_rows,
+                    float inv_qmax, float eps) {
+    typedef typename Code::T CodeT;
+    typedef typename Conditional<SMOOTH, float, Tin>::type Tv;   // what a thread holds
+    constexpr int THREADS = BlockThreads<TPG>::value, SLOTS = THREADS / TPG;
+    __shared__ u32 scratch[THREADS / 32];
+    const int lane = threadIdx.x % TPG, slot = threadIdx.x / TPG;
+    const FastDiv gdiv{groups_per_row, gpr_magic, gpr_shift};
+    const i64 total = rows * groups_per_row;
+    const u32 eps_bits = f2u(eps);
+
+    for (i64 base = (i64)blockIdx.x * SLOTS * GPI; base < total;
+         base += (i64)gridDim.x * SLOTS * GPI) {
+        if constexpr (VPT == 0) {
+            // Groups too long to hold: read twice (the second read mostly hits L2).
+            const i64 gid = base + slot;
+            const bool live = gid < total;
+            const i64 r = live ? gdiv.div(gid) : 0;
+            const i64 g = gid - r * groups_per_row;
+            const i64 start = g * G;
+            const i64 off = r * K + start;
+            const i64 len = live ? (K - start < G ? K - start : G) : 0;
+            constexpr int U = 4;
+            u32 amax = 0;
+            for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
+                Vec<Tv, VEC> tmp[U];
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const i64 e = e0 + (i64)k * TPG * VEC;
+                    if (e < len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e);
+                }
+#pragma unroll
+                for (int k = 0; k < U; ++k)
+                    if (e0 + (i64)k * TPG * VEC < len) amax = vec_abs_max(tmp[k], amax);
+            }
+            amax = group_max<TPG>(amax, scratch);
+            const float s = scale_from_amax<RULE>(amax, inv_qmax, eps_bits);
+            if (live && lane == 0) {
+                scale[r * scale_row_stride + g * scale_group_stride] = s;
+                if (r == rows - 1) {
+#pragma unroll 1
+                    for (i64 p = 0; p < scale_pad_rows; ++p)
+                        scale[(rows + p) * scale_row_stride + g * scale_group_stride] = 0.0f;
+                }
+            }
+            const DivPlan p = plan_division(s);
+            for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
+                Vec<Tv, VEC> tmp[U];
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const i64 e = e0 + (i64)k * TPG * VEC;
+                    if (e < len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e);
+                }
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const i64 e = e0 + (i64)k * TPG * VEC;
+                    if (e < len) store_vec<CodeT, VEC>(q + off + e, quantize_vec<Tv, Code, VEC>(tmp[k], p));
+                }
+            }
+            continue;
+        } else {
+        Vec<Tv, VEC> buf[GPI][VPT];
+        i64 offset[GPI];
+        i64 sidx[GPI];
+        int len[GPI];
+#pragma unroll
+        for (int u = 0; u < GPI; ++u) {
+            const i64 gid = base + (i64)u * SLOTS + slot;
+            const bool live = gid < total;
+            const i64 r = live ? gdiv.div(gid) : 0;
+            const i64 g = gid - r * groups_per_row;
+            const i64 start = g * G;
+            offset[u] = r * K + start;
+            sidx[u] = r * scale_row_stride + g * scale_group_stride;
+            len[u] = live ? (int)(K - start < G ? K - start : G) : 0;
+            if (live && scale_pad_rows > 0 && r == rows - 1 && lane == 0) {
+#pragma unroll 1
+                for (i64 p = 0; p < scale_pad_rows; ++p)
+                    scale[(rows + p) * scale_row_stride + g * scale_group_stride] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < VPT; ++j) {
+                const int e = (lane + j * TPG) * VEC;
+                if (e < len[u]) buf[u][j] = load_group_vec<Tin, VEC, SMOOTH>(x + offset[u] + e, smooth + e);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GPI; ++u) {
+            u32 amax = 0;
+#pragma unroll
+            for (int j = 0; j < VPT; ++j)
+                if ((lane + j * TPG) * VEC < len[u]) amax = vec_abs_max(buf[u][j], amax);
+            amax = group_max<TPG>(amax, scratch);
+            const float s = scale_from_amax<RULE>(amax, inv_qmax, eps_bits);
+            if (len[u] > 0 && lane == 0) scale[sidx[u]] = s;
+            const DivPlan p = plan_division(s);
+#pragma unroll
+            for (int j = 0; j < VPT; ++j) {
+                const int e = (lane + j * TPG) * VEC;
+                if (e < len[u])
+                    store_vec<CodeT, VEC>(q + offset[u] + e, quantize_vec<Tv, Code, VEC>(buf[u][j], p));
+            }
+        }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// One scale for the whole tensor (n elements, any shape), in one launch. The grid must be
+// co-resident (the host sizes it from the occupancy), ws is a zeroed 3-word workspace that
+// the kernel leaves zeroed. Each thread keeps its first CACHE vectors in registers; the
+// rest are read again in phase 2, newest first so that what is still in L2 is used.
+template <typename Tin, typename Code, int VEC, int CACHE>
+__global__ void __launch_bounds__(256)
+quantize_tensor(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
+                float* __restrict__ scale_out, i64 n, u32* __restrict__ ws, float inv_qmax) {
+    typedef typename Code::T CodeT;
+    constexpr int THREADS = 256, UNROLL = 4;
+    __shared__ u32 scratch[THREADS / 32 + 1];
+    const i64 nvec = n / VEC, tail = n - nvec * VEC;
+    const i64 ntiles = (nvec + THREADS - 1) / THREADS;
+    const i64 G = gridDim.x, tid = threadIdx.x;
+
+    Vec<Tin, VEC> cache[CACHE];
+    u32 amax = 0;
+#pragma unroll
+    for (int j = 0; j < CACHE; ++j) {
+        const i64 v = ((i64)blockIdx.x + j * G) * THREADS + tid;
+        if (v < nvec) {
+            cache[j] = load_vec<Tin, VEC>(x + v * VEC);
+            amax = vec_abs_max(cache[j], amax);
+        }
+    }
+    const i64 first = (i64)blockIdx.x + CACHE * G;
+    for (i64 t = first; t < ntiles; t += UNROLL * G) {
+        Vec<Tin, VEC> tmp[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            const i64 v = (t + k * G) * THREADS + tid;
+            if (v < nvec) tmp[k] = load_vec<Tin, VEC>(x + v * VEC);
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k)
+            if ((t + k * G) * THREADS + tid < nvec) amax = vec_abs_max(tmp[k], amax);
+    }
+    if (blockIdx.x == 0 && tid < tail) amax = umax(amax, abs_bits(x[nvec * VEC + tid]));
+
+    amax = group_max<THREADS>(amax, scratch);
+    amax = grid_max(amax, ws, &scratch[THREADS / 32]);
+    const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
+    if (blockIdx.x == 0 && tid == 0) scale_out[0] = s;
+    const DivPlan p = plan_division(s);
+
+    if (first < ntiles) {
+        const i64 last = first + ((ntiles - 1 - first) / G) * G;
+        for (i64 t = last; t >= first; t -= UNROLL * G) {
+            Vec<Tin, VEC> tmp[UNROLL];
+#pragma unroll
+            for (int k = 0; k < UNROLL; ++k) {
+                const i64 tt = t - k * G, v = tt * THREADS + tid;
+                if (tt >= first && v < nvec) tmp[k] = load_vec<Tin, VEC>(x + v * VEC);
+            }
+#pragma unroll
+            for (int k = 0; k < UNROLL; ++k) {
+                const i64 tt = t - k * G, v = tt * THREADS + tid;
+                if (tt >= first && v < nvec)
+                    store_vec<CodeT, VEC>(q + v * VEC, quantize_vec<Tin, Code, VEC>(tmp[k], p));
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < CACHE; ++j) {
+        const i64 v = ((i64)blockIdx.x + j * G) * THREADS + tid;
+        if (v < nvec) store_vec<CodeT, VEC>(q + v * VEC, quantize_vec<Tin, Code, VEC>(cache[j], p));
+    }
+    if (blockIdx.x == 0 && tid < tail) {
+        const i64 i = nvec * VEC + tid;
+        q[i] = Code::encode(divide(to_f32(x[i]), p));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A given scale: *scale_ptr when scale_ptr is set, else scale_value (then also written to
+// scale_out[0]). Any dividend may meet any divisor here, so the division is div.rn.
+template <typename Tin, typename Code, int VEC>
+__global__ void __launch_bounds__(256)
+quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
+                const float* __restrict__ scale_ptr, float scale_value,
+                float* __restrict__ scale_out, i64 n) {
+    typedef typename Code::T CodeT;
+    constexpr int THREADS = 256, UNROLL = 4;
+    const float b = scale_ptr ? *scale_ptr : scale_value;
+    if (scale_out && blockIdx.x == 0 && threadIdx.x == 0) scale_out[0] = b;
+    DivPlan p;
+    p.exact = true;
+    p.b_orig = b;
+    const i64 nvec = n / VEC, tail = n - nvec * VEC;
+    const i64 stride = (i64)gridDim.x * THREADS;
+    for (i64 v0 = (i64)blockIdx.x * THREADS + threadIdx.x; v0 < nvec; v0 += UNROLL * stride) {
+        Vec<Tin, VEC> tmp[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k)
+            if (v0 + k * stride < nvec) tmp[k] = load_vec<Tin, VEC>(x + (v0 + k * stride) * VEC);
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k)
+            if (v0 + k * stride < nvec)
+                store_vec<CodeT, VEC>(q + (v0 + k * stride) * VEC, quantize_vec<Tin, Code, VEC>(tmp[k], p));
+    }
+    if (blockIdx.x == 0 && threadIdx.x < tail) {
+        const i64 i = nvec * VEC + threadIdx.x;
+        q[i] = Code::encode(div_rn(to_f32(x[i]), b));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 128x128 tiles of an [N, K] matrix, edge tiles partial; one block per tile, the tile held
+// in registers (64 elements a thread). scale is [tiles_n, tiles_k] row-major.
+template <typename Tin, typename Code, int VEC>
+__global__ void __launch_bounds__(256)
+quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
+               float* __restrict__ scale, i64 N, i64 K, i64 tiles_n, i64 tiles_k, float inv_qmax) {
+    typedef typename Code::T CodeT;
+    constexpr int THREADS = 256, TILE = 128, COLV = TILE / VEC, RPP = THREADS / COLV,
+                  PASSES = TILE / RPP;
+    __shared__ u32 scratch[THREADS / 32];
+    const int cv = threadIdx.x % COLV, r0 = threadIdx.x / COLV;
+    for (i64 t = blockIdx.x; t < tiles_n * tiles_k; t += gridDim.x) {
+        const i64 tn = t / tiles_k, tk = t - tn * tiles_k;
+        const i64 col = tk * TILE + (i64)cv * VEC;
+        const bool col_ok = col < K;
+        Vec<Tin, VEC> buf[PASSES];
+        u32 amax = 0;
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            const i64 row = tn * TILE + r0 + p * RPP;
+            if (col_ok && row < N) {
+                buf[p] = load_vec<Tin, VEC>(x + row * K + col);
+                amax = vec_abs_max(buf[p], amax);
+            }
+        }
+        amax = group_max<THREADS>(amax, scratch);
+        const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
+        if (threadIdx.x == 0) scale[t] = s;
+        const DivPlan plan = plan_division(s);
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            const i64 row = tn * TILE + r0 + p * RPP;
+            if (col_ok && row < N)
+                store_vec<CodeT, VEC>(q + row * K + col, quantize_vec<Tin, Code, VEC>(buf[p], plan));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Dequantization of an [rows, K] code matrix (K % VEC == 0): element (r, c) takes
+// scale[(r >> row_shift) * srs + (c >> col_shift) * scs]; a shift of 63 drops the axis.
+// x = Tout(f32(code) * scale), the product rounded once to float32.
+template <typename Code, typename Tout, int VEC>
+__global__ void __launch_bounds__(256)
+dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restrict__ scale,
+                  Tout* __restrict__ out, i64 rows, i64 kv, u32 kv_magic, u32 kv_shift,
+                  int row_shift, int col_shift, i64 srs, i64 scs) {
+    typedef typename Code::T CodeT;
+    constexpr int THREADS = 256, UNROLL = 2;
+    const FastDiv kd{kv, kv_magic, kv_shift};
+    const i64 nvec = rows * kv;
+    const i64 stride = (i64)gridDim.x * THREADS;
+    for (i64 v0 = (i64)blockIdx.x * THREADS + threadIdx.x; v0 < nvec; v0 += UNROLL * stride) {
+        Vec<CodeT, VEC> codes[UNROLL];
+        float s[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            const i64 v = v0 + k * stride;
+            if (v < nvec) {
+                codes[k] = load_vec<CodeT, VEC>(q + v * VEC);
+                const i64 r = kd.div(v), c = (v - r * kv) * VEC;
+                s[k] = scale[(r >> row_shift) * srs + (c >> col_shift) * scs];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            const i64 v = v0 + k * stride;
+            if (v < nvec) {
+                float f[VEC];
+                decode_vec<Code, VEC>(codes[k], f);
+                Vec<Tout, VEC> o;
+#pragma unroll
+                for (int i = 0; i + 1 < VEC; i += 2)
+                    convert_pair<Tout>(mul_rn(f[i], s[k]), mul_rn(f[i + 1], s[k]), o.v[i], o.v[i + 1]);
+                if (VEC % 2) o.v[VEC - 1] = from_f32<Tout>(mul_rn(f[VEC - 1], s[k]));
+                store_vec<Tout, VEC>(out + v * VEC, o);
+            }
+        }
+    }
+}
+
+}  // namespace cq

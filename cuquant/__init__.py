@@ -1,0 +1,24 @@
+"""cuquant: GPU quantization and dequantization kernels, bit-exact, NumPy-like.
+
+Every function takes NumPy, CuPy, PyTorch or JAX arrays (or any DLPack array) and returns
+its results in the caller's own family, on the caller's device. CUDA arrays run the
+kernels; host arrays run the NumPy backend, which gives the same bits.
+"""
+
+from .fp8 import (dequantize_fp8_per_block, dequantize_fp8_per_row, dequantize_fp8_per_tensor,
+                  dequantize_fp8_per_token_group, quantize_fp8_per_block, quantize_fp8_per_row,
+                  quantize_fp8_per_tensor, quantize_fp8_per_token_group)
+from .int8 import (dequantize_int8_per_block, dequantize_int8_per_channel,
+                   dequantize_int8_per_tensor, quantize_int8_per_block, quantize_int8_per_channel,
+                   quantize_int8_per_tensor, smooth_quant)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "quantize_int8_per_tensor", "quantize_int8_per_channel", "quantize_int8_per_block",
+    "smooth_quant", "dequantize_int8_per_tensor", "dequantize_int8_per_channel",
+    "dequantize_int8_per_block",
+    "quantize_fp8_per_tensor", "quantize_fp8_per_row", "quantize_fp8_per_token_group",
+    "quantize_fp8_per_block", "dequantize_fp8_per_tensor", "dequantize_fp8_per_row",
+    "dequantize_fp8_per_token_group", "dequantize_fp8_per_block",
+]

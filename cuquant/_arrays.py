@@ -1,0 +1,221 @@
+"""Arrays in and out (SPEC section 2).
+
+`intake` turns whatever the caller passed into a backend array, NumPy on the host or CuPy
+on a CUDA device, and remembers the caller's family. `outcome` hands results back in that
+family, on that device. float8 crosses DLPack as uint8 codes and bfloat16 as 16-bit
+integers, viewed back on the far side, since not every framework exchanges those dtypes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import ml_dtypes
+import numpy as np
+
+HOST = -1
+
+_FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class In:
+    """An argument taken in: the backend array, the caller's family, the device
+    (HOST or a CUDA ordinal) and the caller's own object."""
+
+    __slots__ = ("data", "family", "device", "source")
+
+    def __init__(self, data, family: str, device: int, source):
+        self.data = data
+        self.family = family
+        self.device = device
+        self.source = source
+
+
+_cupy = None
+
+
+def cupy_module():
+    """CuPy, imported on first need; None when it cannot be imported."""
+    global _cupy
+    if _cupy is None:
+        try:
+            import cupy
+
+            _cupy = cupy
+        except Exception:  # noqa: BLE001 - any failure means no GPU path
+            _cupy = False
+    return _cupy or None
+
+
+def require_cupy(op: str):
+    cp = cupy_module()
+    if cp is None:
+        raise RuntimeError(
+            f"{op}: this array lives on a CUDA device, which needs CuPy: install cuquant with "
+            "the extra matching your CUDA toolkit, `pip install cuquant[cuda12]` or "
+            "`pip install cuquant[cuda13]`"
+        )
+    return cp
+
+
+def intake(x, op: str, arg: str, stream=None) -> In:
+    """Take in one array argument. Raises TypeError for anything that is not an array."""
+    t = type(x)
+    if t is np.ndarray:
+        return In(x, "numpy", HOST, x)
+    cp = _cupy if _cupy else cupy_module()
+    if cp is not None and t is cp.ndarray:
+        return In(x, "cupy", x.data.device_id, x)
+    module = t.__module__ or ""
+    if module.startswith("torch"):
+        return _from_torch(x, op, arg, stream)
+    if module.startswith(("jax", "jaxlib")):
+        return _from_jax(x, op, arg, stream)
+    if hasattr(x, "__cuda_array_interface__"):
+        cp = require_cupy(op)
+        data = cp.asarray(x)
+        return In(data, "cupy", data.data.device_id, x)
+    if hasattr(x, "__dlpack_device__") and hasattr(x, "__dlpack__"):
+        kind, _ = x.__dlpack_device__()
+        if kind in (2, 3, 13):  # CUDA, CUDA host, CUDA managed
+            cp = require_cupy(op)
+            data = _cupy_from_dlpack(cp, x, stream)
+            return In(data, "cupy", data.data.device_id, x)
+        return In(np.from_dlpack(x), "numpy", HOST, x)
+    if hasattr(x, "__array_interface__") or hasattr(x, "__array__"):
+        return In(np.asarray(x), "numpy", HOST, x)
+    raise TypeError(
+        f"{op}: {arg} must be an array (NumPy, CuPy, PyTorch, JAX, or any object speaking "
+        f"DLPack or the array protocol); got {t.__name__}"
+    )
+
+
+def _cupy_from_dlpack(cp, obj, stream):
+    if stream is None:
+        return cp.from_dlpack(obj)
+    with stream:  # the producer orders its work before this stream
+        return cp.from_dlpack(obj)
+
+
+def _from_torch(x, op, arg, stream):
+    torch = sys.modules["torch"]
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: {arg} must be an array; got {type(x).__name__}")
+    x = x.detach()
+    dt = x.dtype
+    view_as = None
+    y = x
+    if dt == torch.bfloat16:
+        y, view_as = x.view(torch.int16), _BF16
+    elif dt == getattr(torch, "float8_e4m3fn", None):
+        y, view_as = x.view(torch.uint8), _FP8
+    if x.is_cuda:
+        cp = require_cupy(op)
+        data = _cupy_from_dlpack(cp, y, stream)
+        if view_as is _BF16:
+            data = data.view(_BF16)
+        # fp8 stays uint8 on the CuPy side: CuPy has no float8 dtype.
+        return In(data, "torch", x.device.index, x)
+    if x.device.type != "cpu":
+        raise ValueError(f"{op}: {arg} is on device {x.device}; cuquant runs on CPU and CUDA")
+    data = y.numpy()
+    if view_as is not None:
+        data = data.view(view_as)
+    return In(data, "torch", HOST, x)
+
+
+def _from_jax(x, op, arg, stream):
+    jax = sys.modules["jax"]
+    if not isinstance(x, jax.Array):
+        raise TypeError(f"{op}: {arg} must be an array; got {type(x).__name__}")
+    devices = x.devices()
+    if len(devices) != 1:
+        raise ValueError(f"{op}: {arg} is sharded over {len(devices)} devices; pass one shard")
+    dev = next(iter(devices))
+    if dev.platform == "cpu":
+        return In(np.asarray(x), "jax", HOST, x)
+    if dev.platform not in ("gpu", "cuda"):
+        raise ValueError(f"{op}: {arg} is on a {dev.platform} device; cuquant runs on CPU and CUDA")
+    cp = require_cupy(op)
+    y = x
+    if x.dtype == _FP8:
+        y = jax.lax.bitcast_convert_type(x, np.uint8)
+    elif x.dtype == _BF16:
+        y = jax.lax.bitcast_convert_type(x, np.int16)
+    data = _cupy_from_dlpack(cp, y, stream)
+    if x.dtype == _BF16:
+        data = data.view(_BF16)
+    return In(data, "jax", data.data.device_id, x)
+
+
+# ---------------------------------------------------------------------------------------
+# Out
+
+def outcome(like: In, data, fp8: bool = False):
+    """Hand one backend array back in the family of `like`, on its device. `fp8` marks a
+    CuPy uint8 array that holds float8_e4m3fn codes."""
+    family = like.family
+    if family == "numpy" or family == "cupy":
+        return data
+    if family == "torch":
+        return _to_torch(like, data, fp8)
+    return _to_jax(like, data, fp8)
+
+
+def _to_torch(like, data, fp8):
+    torch = sys.modules["torch"]
+    dt = data.dtype
+    if like.device == HOST:
+        if dt == _BF16:
+            return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+        if dt == _FP8:
+            return torch.from_numpy(data.view(np.uint8)).view(torch.float8_e4m3fn)
+        return torch.from_numpy(data)
+    if dt == _BF16:
+        return torch.from_dlpack(data.view(np.int16)).view(torch.bfloat16)
+    out = torch.from_dlpack(data)
+    return out.view(torch.float8_e4m3fn) if fp8 else out
+
+
+def _to_jax(like, data, fp8):
+    jax = sys.modules["jax"]
+    if like.device == HOST:
+        return jax.device_put(data, next(iter(like.source.devices())))
+    if not data.flags.c_contiguous:
+        data = _cupy.ascontiguousarray(data)
+    if data.dtype == _BF16:
+        return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(data.view(np.int16)), _BF16)
+    out = jax.dlpack.from_dlpack(data)
+    return jax.lax.bitcast_convert_type(out, _FP8) if fp8 else out
+
+
+# ---------------------------------------------------------------------------------------
+# Several arguments of one call
+
+def same_place(op: str, first: tuple[str, In], *others: tuple[str, In]) -> None:
+    """Every array of a call must live where the first does."""
+    name0, a0 = first
+    for name, a in others:
+        if a.device != a0.device:
+            raise ValueError(
+                f"{op}: {name} is on {_where(a.device)} but {name0} is on {_where(a0.device)}; "
+                "pass every array on one device"
+            )
+
+
+def _where(device: int) -> str:
+    return "the host" if device == HOST else f"cuda:{device}"
+
+
+def as_host_scalar_or_array(value, op: str, arg: str, stream=None):
+    """A scale argument that may be a Python number, a 0-d or [1] array on host or device.
+    Returns (float or None, In or None)."""
+    if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool):
+        return float(value), None
+    a = intake(value, op, arg, stream)
+    return None, a
+
+
+__all__ = ["HOST", "In", "intake", "outcome", "same_place", "cupy_module", "require_cupy",
+           "as_host_scalar_or_array"]

@@ -1,0 +1,114 @@
+"""What every GPU launch needs: the stream, the device's properties, per-stream workspaces,
+and run-time divisors. Imported lazily by the ops, only when a CUDA array arrives."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ._arrays import HOST, outcome, require_cupy
+
+_props: dict = {}
+_workspaces: dict = {}
+_occupancy: dict = {}
+_lock = threading.Lock()
+
+NULL = np.uint64(0)  # a null pointer argument
+
+
+def stream_arg(stream, op: str):
+    """The stream= argument as a CuPy stream (None: the current CuPy stream at launch).
+    Accepts a CuPy stream, anything with a `cuda_stream` handle (torch.cuda.Stream) or a
+    raw cudaStream_t as an int."""
+    if stream is None:
+        return None
+    cp = require_cupy(op)
+    if isinstance(stream, cp.cuda.Stream) or isinstance(stream, cp.cuda.ExternalStream):
+        return stream
+    handle = getattr(stream, "cuda_stream", stream)
+    if isinstance(handle, bool) or not isinstance(handle, (int, np.integer)):
+        raise TypeError(
+            f"{op}: stream must be a CuPy stream, a torch.cuda.Stream or a cudaStream_t "
+            f"handle (int); got {type(stream).__name__}"
+        )
+    return cp.cuda.ExternalStream(int(handle))
+
+
+def run(like, stream, fn, *args):
+    """Call fn(cupy_stream, *args) on the device of `like` with `stream` current, and hand
+    its results back in the caller's family. fn returns a tuple of (array, is_fp8) pairs."""
+    cp = require_cupy("cuquant")
+    device = like.device
+    if stream is None and cp.cuda.runtime.getDevice() == device:
+        return _hand_back(like, fn(cp.cuda.get_current_stream(), *args))
+    with cp.cuda.Device(device):
+        if stream is None:
+            return _hand_back(like, fn(cp.cuda.get_current_stream(), *args))
+        with stream:
+            return _hand_back(like, fn(stream, *args))
+
+
+def _hand_back(like, results):
+    if like.family == "cupy":
+        return results[0][0] if len(results) == 1 else tuple(r for r, _ in results)
+    out = tuple(outcome(like, r, fp8) for r, fp8 in results)
+    return out[0] if len(out) == 1 else out
+
+
+def props(device: int) -> dict:
+    """Multiprocessor count and friends, read once per device."""
+    p = _props.get(device)
+    if p is None:
+        cp = require_cupy("cuquant")
+        attrs = cp.cuda.Device(device).attributes
+        p = {"sm_count": attrs["MultiProcessorCount"],
+             "cc": cp.cuda.Device(device).compute_capability}
+        _props[device] = p
+    return p
+
+
+def resident_blocks(fn, device: int, threads: int) -> int:
+    """How many blocks of `fn` fit on the device at once (for grid-wide handshakes)."""
+    key = (fn.ptr, device, threads)
+    n = _occupancy.get(key)
+    if n is None:
+        cp = require_cupy("cuquant")
+        per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, 0)
+        n = max(1, per_sm) * props(device)["sm_count"]
+        _occupancy[key] = n
+    return n
+
+
+def workspace(device: int, stream) -> object:
+    """A zeroed 4-word uint32 workspace for this device and stream. Kernels that use it
+    leave it zeroed, so it is allocated and cleared once, not per call; one per stream
+    keeps concurrent streams apart."""
+    key = (device, stream.ptr)
+    ws = _workspaces.get(key)
+    if ws is None:
+        with _lock:
+            ws = _workspaces.get(key)
+            if ws is None:
+                cp = require_cupy("cuquant")
+                ws = cp.zeros(4, dtype=np.uint32)
+                _workspaces[key] = ws
+    return ws
+
+
+def fastdiv(d: int) -> tuple[np.uint32, np.uint32]:
+    """Magic and shift for dividing n < 2**31 by d on the device: (umulhi(n, m) + n) >> s."""
+    if d >= 1 << 31:
+        return np.uint32(0), np.uint32(31)
+    shift = (d - 1).bit_length()
+    magic = ((1 << 32) * ((1 << shift) - d)) // d + 1
+    return np.uint32(magic), np.uint32(shift)
+
+
+def blocks_for(work_items: int, per_block: int, cap: int = 1 << 20) -> int:
+    """A grid sized to the work (grid-stride loops cover the rest beyond cap)."""
+    return max(1, min(cap, -(-work_items // per_block)))
+
+
+__all__ = ["HOST", "NULL", "stream_arg", "run", "props", "resident_blocks", "workspace",
+           "fastdiv", "blocks_for"]

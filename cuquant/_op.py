@@ -1,0 +1,102 @@
+"""The path every public op follows: take the arguments in, check them, run the NumPy twin
+for host arrays or the kernels on the arrays' device, hand the results back in the
+caller's family. An op module only says what is particular to it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _validate as v
+from ._arrays import HOST, In, intake, outcome, same_place
+from ._dtypes import E4M3, FLOATS, INT8, float_type_named
+
+__all__ = ["HOST", "In", "intake", "same_place", "host_results", "run_gpu", "stream_of",
+           "contiguous", "scale_argument", "code_input", "out_dtype", "dequant_args",
+           "check_one_value", "v", "FLOATS"]
+
+_CODE_DTYPES = {
+    INT8.name: {np.dtype(np.int8): INT8.name},
+    E4M3.name: {np.dtype(np.uint8): E4M3.name, E4M3.numpy: E4M3.name},
+}
+
+
+def stream_of(stream, op: str):
+    if stream is None:
+        return None
+    from . import _gpu
+
+    return _gpu.stream_arg(stream, op)
+
+
+def host_results(like: In, results):
+    """Hand NumPy results back (a tuple, or one array)."""
+    if like.family == "numpy":
+        return results
+    if isinstance(results, tuple):
+        return tuple(outcome(like, r) for r in results)
+    return outcome(like, results)
+
+
+def run_gpu(like: In, stream, fn, *args):
+    from . import _gpu
+
+    return _gpu.run(like, stream, fn, *args)
+
+
+def contiguous(x):
+    """x in C order (copied only when it is not)."""
+    if x.flags.c_contiguous:
+        return x
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x)
+    from ._arrays import cupy_module
+
+    return cupy_module().ascontiguousarray(x)
+
+
+def code_input(a: In, op: str, arg: str, code) -> None:
+    """q must hold codes of `code` (fp8 may arrive as float8_e4m3fn or as uint8 codes)."""
+    v.check_dtype(a, op, arg, _CODE_DTYPES[code.name])
+
+
+def out_dtype(dtype, op: str):
+    return float_type_named(dtype, op, "dtype")
+
+
+def dequant_args(op: str, q, scale, dtype, stream, code):
+    """The arguments every dequantizer takes: codes, a float32 scale, the output dtype."""
+    s = stream_of(stream, op)
+    out = out_dtype(dtype, op)
+    a = intake(q, op, "q", s)
+    code_input(a, op, "q", code)
+    b = intake(scale, op, "scale", s)
+    v.check_float(b, op, "scale", {"float32": FLOATS["float32"]})
+    same_place(op, ("q", a), ("scale", b))
+    return s, out, a, b
+
+
+def check_one_value(b: In, op: str, arg: str = "scale") -> None:
+    if b.data.size != 1:
+        raise ValueError(f"{op}: {arg} must hold one value (shape () or (1,)); got shape "
+                         f"{tuple(b.data.shape)}")
+
+
+def scale_argument(scale, op: str, x: In, stream):
+    """A per-tensor scale: a number, or a float32 array of one element on x's device (or
+    on the host). Returns (value or None, device array or None). Host values are checked
+    to be finite and > 0; a device array is taken as it is (reading it would sync)."""
+    if isinstance(scale, (int, float, np.floating, np.integer)) and not isinstance(scale, bool):
+        return float(v.check_positive_finite(scale, op, "scale")), None
+    a = intake(scale, op, "scale", stream)
+    if a.data.dtype != np.float32:
+        raise TypeError(f"{op}: scale must be float32; got {v.dtype_name(a)}")
+    if a.data.size != 1:
+        raise ValueError(f"{op}: scale must hold one value (shape () or (1,)); got shape "
+                         f"{tuple(a.data.shape)}")
+    if a.device == HOST:
+        return float(v.check_positive_finite(a.data.reshape(()).item(), op, "scale")), None
+    if x.device == HOST:
+        raise ValueError(f"{op}: scale is on cuda:{a.device} but x is on the host; pass "
+                         "every array on one device")
+    same_place(op, ("x", x), ("scale", a))
+    return None, a.data

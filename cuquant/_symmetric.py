@@ -1,0 +1,274 @@
+"""GPU side of symmetric scaled quantization (INT8 and FP8): picking the specialization of
+cuda_src/symmetric.cu, allocating outputs and launching on the caller's stream.
+
+Every launcher takes CuPy arrays that the public functions have already checked, and
+returns the CuPy results. Specializations are keyed by input type, code, scale rule, vector
+width and the group geometry, and `specializations()` lists all of them for the compile
+check."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from . import _gpu, _kernels
+from ._dtypes import E4M3, FLOATS, INT8, CodeType, FloatType
+
+SRC = "symmetric.cu"
+
+# Scale rules (cuda_src/common.cuh, ScaleRule)
+ZERO_IS_ONE, FLOOR_EPS, FLOOR_EPS_POW2 = 0, 1, 2
+
+TENSOR_CACHE = 8  # vectors per thread the per-tensor kernel keeps on chip
+
+# (threads per group, vectors per thread, groups per iteration); vectors per thread 0 means
+# the group is streamed twice instead of held.
+GEOMETRIES = (
+    [(1 << i, 1, 4) for i in range(9)]                      # up to 256 vectors: one each
+    + [(256, 2, 2), (256, 4, 1), (256, 8, 1)]               # up to 2048 vectors
+    + [(1024, 4, 1), (1024, 8, 1)]                          # up to 8192 vectors
+    + [(1024, 0, 1)]                                        # longer: streamed
+)
+
+# (code, rule, smooth) combinations the public ops use.
+ROW_GROUP_KINDS = (
+    (INT8, ZERO_IS_ONE, False),      # per channel, per block
+    (INT8, ZERO_IS_ONE, True),       # SmoothQuant
+    (E4M3, FLOOR_EPS, False),        # per row, per token group
+    (E4M3, FLOOR_EPS_POW2, False),   # per token group, ue8m0 scales
+)
+
+
+def vector_width(t: FloatType) -> int:
+    """Elements of t in one 16-byte access."""
+    return 16 // t.numpy.itemsize
+
+
+def geometry(nvec: int) -> tuple[int, int, int]:
+    """The geometry for groups of up to `nvec` vectors."""
+    if nvec <= 256:
+        return (max(1, 1 << (nvec - 1).bit_length()), 1, 4)
+    if nvec <= 2048:
+        vpt = 1 << (-(-nvec // 256) - 1).bit_length()
+        return (256, vpt, 2 if vpt == 2 else 1)
+    if nvec <= 8192:
+        return (1024, 1 << (-(-nvec // 1024) - 1).bit_length(), 1)
+    return (1024, 0, 1)
+
+
+def _b(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def row_groups_expr(t: FloatType, code: CodeType, rule: int, vec: int, geom, smooth: bool) -> str:
+    tpg, vpt, gpi = geom
+    return (f"cq::quantize_row_groups<{t.cxx}, {code.cxx}, {rule}, {vec}, {tpg}, {vpt}, "
+            f"{gpi}, {_b(smooth)}>")
+
+
+def tensor_expr(t: FloatType, code: CodeType, vec: int) -> str:
+    return f"cq::quantize_tensor<{t.cxx}, {code.cxx}, {vec}, {TENSOR_CACHE}>"
+
+
+def static_expr(t: FloatType, code: CodeType, vec: int) -> str:
+    return f"cq::quantize_static<{t.cxx}, {code.cxx}, {vec}>"
+
+
+def tiles_expr(t: FloatType, code: CodeType, vec: int) -> str:
+    return f"cq::quantize_tiles<{t.cxx}, {code.cxx}, {vec}>"
+
+
+def dequant_expr(code: CodeType, out: FloatType, vec: int) -> str:
+    return f"cq::dequantize_scaled<{code.cxx}, {out.cxx}, {vec}>"
+
+
+def specializations():
+    """Every (source, name expression) this module can launch."""
+    for t in FLOATS.values():
+        for vec in (vector_width(t), 1):
+            for (code, rule, smooth), geom in itertools.product(ROW_GROUP_KINDS, GEOMETRIES):
+                yield SRC, row_groups_expr(t, code, rule, vec, geom, smooth)
+            for code in (INT8, E4M3):
+                yield SRC, tensor_expr(t, code, vec)
+                yield SRC, static_expr(t, code, vec)
+            yield SRC, tiles_expr(t, E4M3, vec)
+    for code, out, vec in itertools.product((INT8, E4M3), FLOATS.values(), (16, 1)):
+        yield SRC, dequant_expr(code, out, vec)
+
+
+def _aligned(*arrays) -> bool:
+    return all(a.data.ptr % 16 == 0 for a in arrays)
+
+
+def _code_dtype(code: CodeType):
+    return np.uint8 if code is E4M3 else np.int8
+
+
+# ---------------------------------------------------------------------------------------
+# Launchers
+
+def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
+                        eps: float = 0.0, smooth=None, scale_layout: str = "row"):
+    """x: C-contiguous [rows, K]. Returns (q [rows, K], scale [rows, ceil(K/group)]) where
+    scale is a strided view of a [groups, round_up(rows, 4)] buffer for layout "column"."""
+    cp = _kernels.require_cupy("cuquant")
+    rows, k = x.shape
+    gpr = -(-k // group)
+    vec = vector_width(t)
+    if k % vec or not _aligned(x, *(() if smooth is None else (smooth,))):
+        vec = 1
+    geom = geometry(-(-min(group, k) // vec))
+    q = cp.empty((rows, k), dtype=_code_dtype(code))
+    if scale_layout == "column":
+        m4 = -(-rows // 4) * 4
+        buf = cp.empty((gpr, m4), dtype=np.float32)
+        scale = buf[:, :rows].T
+        srs, sgs, pad = 1, m4, m4 - rows
+    else:
+        scale = buf = cp.empty((rows, gpr), dtype=np.float32)
+        srs, sgs, pad = gpr, 1, 0
+    if rows == 0 or k == 0:
+        if pad:
+            buf.fill(0)
+        return q, scale
+    fn = _kernels.function(SRC, row_groups_expr(t, code, rule, vec, geom, smooth is not None),
+                           x.data.device_id)
+    tpg, _, gpi = geom
+    threads = max(tpg, 256)
+    grid = _gpu.blocks_for(rows * gpr, (threads // tpg) * gpi)
+    magic, shift = _gpu.fastdiv(gpr)
+    fn((grid,), (threads,),
+       (x, q, buf, _gpu.NULL if smooth is None else smooth, np.int64(rows), np.int64(k),
+        np.int64(group), np.int64(gpr), magic, shift, np.int64(srs), np.int64(sgs),
+        np.int64(pad), code.inv_qmax, np.float32(eps)),
+       stream=stream)
+    return q, scale
+
+
+def quantize_tensor(stream, x, t: FloatType, code: CodeType):
+    """Dynamic per-tensor: x C-contiguous, any shape. Returns (q, scale [1])."""
+    cp = _kernels.require_cupy("cuquant")
+    q = cp.empty(x.shape, dtype=_code_dtype(code))
+    scale = cp.empty((1,), dtype=np.float32)
+    n = x.size
+    if n == 0:
+        scale.fill(1.0)
+        return q, scale
+    device = x.data.device_id
+    vec = vector_width(t) if _aligned(x) else 1
+    fn = _kernels.function(SRC, tensor_expr(t, code, vec), device)
+    tiles = -(-(n // vec) // 256)
+    grid = max(1, min(tiles, _gpu.resident_blocks(fn, device, 256)))
+    fn((grid,), (256,), (x, q, scale, np.int64(n), _gpu.workspace(device, stream), code.inv_qmax),
+       stream=stream, enable_cooperative_groups=True)
+    return q, scale
+
+
+def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, scale_array=None):
+    """Per-tensor with a given scale: a float, or a device float32 array of one element."""
+    cp = _kernels.require_cupy("cuquant")
+    q = cp.empty(x.shape, dtype=_code_dtype(code))
+    if scale_array is None:
+        scale_out = cp.empty((1,), dtype=np.float32)
+        ptr, value, out = _gpu.NULL, np.float32(scale_value), scale_out
+    else:
+        scale_out = scale_array.reshape(1)
+        ptr, value, out = scale_array, np.float32(0), _gpu.NULL
+    n = x.size
+    if n == 0:
+        if scale_array is None:
+            scale_out.fill(value)
+        return q, scale_out
+    vec = vector_width(t) if _aligned(x) else 1
+    fn = _kernels.function(SRC, static_expr(t, code, vec), x.data.device_id)
+    grid = _gpu.blocks_for(n // vec + 1, 256 * 4)
+    fn((grid,), (256,), (x, q, ptr, value, out, np.int64(n)), stream=stream)
+    return q, scale_out
+
+
+def quantize_tiles(stream, w, t: FloatType, code: CodeType):
+    """128x128 tiles of w [N, K]. Returns (q, scale [ceil(N/128), ceil(K/128)])."""
+    cp = _kernels.require_cupy("cuquant")
+    n, k = w.shape
+    tn, tk = -(-n // 128), -(-k // 128)
+    q = cp.empty((n, k), dtype=_code_dtype(code))
+    scale = cp.empty((tn, tk), dtype=np.float32)
+    if n == 0 or k == 0:
+        return q, scale
+    vec = vector_width(t)
+    if k % vec or not _aligned(w):
+        vec = 1
+    fn = _kernels.function(SRC, tiles_expr(t, code, vec), w.data.device_id)
+    grid = max(1, min(tn * tk, 1 << 20))
+    fn((grid,), (256,), (w, q, scale, np.int64(n), np.int64(k), np.int64(tn), np.int64(tk),
+                         code.inv_qmax), stream=stream)
+    return q, scale
+
+
+NO_AXIS = 63  # a shift that maps every index of an axis to 0
+
+
+def dequantize(stream, q, scale, code: CodeType, out: FloatType, row_shift: int, col_shift: int):
+    """q: C-contiguous [rows, K] codes; scale: float32, 1-D or 2-D with element strides
+    (r >> row_shift) and (c >> col_shift) along its axes."""
+    cp = _kernels.require_cupy("cuquant")
+    rows, k = q.shape
+    res = cp.empty((rows, k), dtype=out.numpy)
+    if rows == 0 or k == 0:
+        return res
+    strides = [s // 4 for s in scale.strides] if scale.ndim else [0]
+    srs = strides[0] if row_shift != NO_AXIS else 0
+    scs = (strides[1] if scale.ndim == 2 else strides[0]) if col_shift != NO_AXIS else 0
+    vec = 16 if (k % 16 == 0 and _aligned(q)) else 1
+    kv = k // vec
+    fn = _kernels.function(SRC, dequant_expr(code, out, vec), q.data.device_id)
+    magic, shift = _gpu.fastdiv(kv)
+    grid = _gpu.blocks_for(rows * kv, 256 * 2)
+    fn((grid,), (256,), (q, scale, res, np.int64(rows), np.int64(kv), magic, shift,
+                         np.int32(row_shift), np.int32(col_shift), np.int64(srs), np.int64(scs)),
+       stream=stream)
+    return res
+
+
+# ---------------------------------------------------------------------------------------
+# What the public ops hand to _gpu.run: results paired with "holds fp8 codes".
+
+def _flag(code: CodeType, q, scale):
+    return (q, code is E4M3), (scale, False)
+
+
+def run_tensor(stream, x, t: FloatType, code: CodeType, value=None, device_scale=None):
+    """Per-tensor quantization, dynamic (no scale given) or static."""
+    if value is None and device_scale is None:
+        return _flag(code, *quantize_tensor(stream, _contiguous(x), t, code))
+    return _flag(code, *quantize_static(stream, _contiguous(x), t, code, value, device_scale))
+
+
+def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity: str,
+                   group: int = 0):
+    """Dequantize q of any shape. granularity: "tensor" (scale of one element), "row"
+    (scale shaped q.shape[:-1]), "group" (scale [M, ceil(K/group)], any strides) or "tile"
+    (scale [ceil(N/128), ceil(K/128)])."""
+    shape = q.shape
+    qc = _contiguous(q)
+    if granularity == "tensor":
+        res = dequantize(stream, qc.reshape(1, -1), scale.reshape(1), code, out, NO_AXIS, NO_AXIS)
+    elif granularity == "row":
+        res = dequantize(stream, qc.reshape(-1, shape[-1]), scale.reshape(-1), code, out, 0,
+                         NO_AXIS)
+    elif granularity == "group":
+        res = dequantize(stream, qc, scale, code, out, 0, group.bit_length() - 1)
+    else:
+        res = dequantize(stream, qc, scale, code, out, 7, 7)
+    return ((res.reshape(shape), False),)
+
+
+def _contiguous(x):
+    if x.flags.c_contiguous:
+        return x
+    return _kernels.require_cupy("cuquant").ascontiguousarray(x)
+
+
+__all__ = ["run_tensor", "run_dequantize", "quantize_row_groups", "quantize_tensor", "quantize_static",
+           "quantize_tiles", "dequantize", "specializations", "geometry", "NO_AXIS"]

@@ -1,0 +1,92 @@
+"""Refusals of bad input. Every check raises TypeError (wrong kind or dtype) or ValueError
+(wrong shape, size or value) with a message that names the function, the argument, what
+was expected and what was given. Kernels never validate: nothing unchecked is launched."""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+from ._dtypes import FLOATS, FloatType, float_type_of
+
+
+def dtype_name(a) -> str:
+    """The dtype as the caller knows it (torch.float8_e4m3fn rather than the uint8 view)."""
+    src = a.source
+    if a.family == "torch":
+        return str(src.dtype).removeprefix("torch.")
+    if a.family == "jax":
+        return str(src.dtype)
+    return a.data.dtype.name
+
+
+def check_float(a, op: str, arg: str, allowed=FLOATS) -> FloatType:
+    t = float_type_of(a.data.dtype)
+    if t is None or t.name not in allowed:
+        raise TypeError(f"{op}: {arg} must be {' or '.join(allowed)}; got {dtype_name(a)}")
+    return t
+
+
+def check_dtype(a, op: str, arg: str, allowed: dict) -> str:
+    """`allowed` maps backend dtypes to a name; returns the name."""
+    name = allowed.get(a.data.dtype)
+    if name is None:
+        want = " or ".join(sorted(set(allowed.values())))
+        raise TypeError(f"{op}: {arg} must be {want}; got {dtype_name(a)}")
+    return name
+
+
+def check_ndim(a, op: str, arg: str, ndim: int, layout: str) -> None:
+    if a.data.ndim != ndim:
+        raise ValueError(
+            f"{op}: {arg} must be a {ndim}-D array {layout}; got shape {tuple(a.data.shape)}"
+        )
+
+
+def check_min_ndim(a, op: str, arg: str, ndim: int, layout: str) -> None:
+    if a.data.ndim < ndim:
+        raise ValueError(
+            f"{op}: {arg} must have at least {ndim} dimension(s) {layout}; "
+            f"got shape {tuple(a.data.shape)}"
+        )
+
+
+def check_shape(a, op: str, arg: str, shape: tuple, layout: str) -> None:
+    if tuple(a.data.shape) != tuple(shape):
+        raise ValueError(
+            f"{op}: {arg} must have shape {tuple(shape)} {layout}; got {tuple(a.data.shape)}"
+        )
+
+
+def check_int(value, op: str, arg: str, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{op}: {arg} must be an integer; got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{op}: {arg} must be an integer; got {value!r}") from None
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{op}: {arg} must be >= {minimum}; got {v}")
+    return v
+
+
+def check_choice(value, op: str, arg: str, choices) -> object:
+    if value not in choices:
+        raise ValueError(f"{op}: {arg} must be one of {list(choices)}; got {value!r}")
+    return value
+
+
+def check_positive_finite(value, op: str, arg: str) -> np.float32:
+    """A float argument that must round to a finite float32 above zero."""
+    if isinstance(value, bool):
+        raise TypeError(f"{op}: {arg} must be a number; got {value!r}")
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: {arg} must be a number; got {value!r}") from None
+    f32 = np.float32(f)
+    if not (math.isfinite(f) and np.isfinite(f32) and f32 > 0):
+        raise ValueError(f"{op}: {arg} must be a finite number > 0 (as float32); got {value!r}")
+    return f32

@@ -1,0 +1,5 @@
+"""Group-wise integer quantization in DeepSpeed's format (SPEC section 5). Not built yet."""
+
+
+def specializations():
+    return iter(())
