@@ -1,0 +1,1 @@
+"""cuquant's benchmark (`python -m benchmarks`); see __main__.py."""

@@ -1,0 +1,249 @@
+"""The benchmark: every declared op at the SPEC section 8 shapes, beside the copy bandwidth
+and the torch eager / torch.compile / naive CuPy baselines.
+
+    python -m benchmarks                       # everything, torch.compile included
+    python -m benchmarks --ops quantize_int8_per_channel --no-compile
+    python -m benchmarks --quick               # headline shape and small shapes only
+
+Writes <out>/<stamp>.md (table and environment), .csv and .png, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import traceback
+
+import numpy as np
+
+from cuquant import _registry
+
+from . import harness
+
+DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "results")
+
+
+def _args():
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    p.add_argument("--ops", default="", help="comma-separated op names (default: all)")
+    p.add_argument("--family", default="", help="comma-separated families (int8, fp8, ...)")
+    p.add_argument("--dtype", default="", help="input dtype (default: each op's bench dtype)")
+    p.add_argument("--quick", action="store_true", help="headline and small shapes only")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    p.add_argument("--no-baselines", action="store_true", help="skip every baseline")
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--tag", default="", help="suffix of the output file names")
+    return p.parse_args()
+
+
+def environment() -> dict:
+    import cupy as cp
+
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    env = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+        "sm_count": dev.attributes["MultiProcessorCount"],
+        "l2_bytes": dev.attributes["L2CacheSize"],
+        "driver": cp.cuda.runtime.driverGetVersion(),
+        "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),
+        "cupy": cp.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+    except ImportError:
+        env["torch"] = None
+    return env
+
+
+def _bench_dtype(op, forced: str) -> str:
+    if forced:
+        return forced
+    return getattr(op, "bench_dtype", None) or ("bfloat16" if "bfloat16" in op.dtypes else op.dtypes[0])
+
+
+def _shapes(op, quick):
+    shapes = getattr(op, "bench_shapes", _registry.BENCH_SHAPES)
+    if quick:
+        shapes = [s for s in shapes if s in _registry.SMALL_SHAPES or s == _registry.HEADLINE]
+    return shapes
+
+
+def _baseline(kind, op, args, kwargs, timer, reps, compiled_cache):
+    """Median ms of a baseline, or None when the op declares none."""
+    import torch
+
+    if kind == "cupy":
+        if op.cupy_ref is None:
+            return None
+        fn = op.cupy_ref
+        return timer.time_ms(lambda: fn(*args, **kwargs), reps=reps)
+    if op.torch_ref is None:
+        return None
+    targs = harness.to_torch(list(args))
+    if kind == "eager":
+        fn = op.torch_ref
+    else:
+        key = (op.name, op.notes)
+        fn = compiled_cache.get(key)
+        if fn is None:
+            fn = torch.compile(op.torch_ref, dynamic=False)
+            compiled_cache[key] = fn
+    with torch.no_grad():
+        return timer.time_ms(lambda: fn(*targs, **kwargs), reps=reps)
+
+
+def run(opts) -> list[dict]:
+    import cupy as cp
+
+    env = environment()
+    timer = harness.Timer()
+    copy_bw = harness.copy_bandwidth(timer)
+    print(f"# {env['gpu']}  copy bandwidth {copy_bw / 1e12:.3f} TB/s  ({env['date']})", flush=True)
+    ops = _registry.all_ops()
+    if opts.ops:
+        ops = [o for o in ops if o.name in opts.ops.split(",")]
+    if opts.family:
+        ops = [o for o in ops if o.family in opts.family.split(",")]
+    have_torch = env["torch"] is not None and not opts.no_baselines
+    compiled: dict = {}
+    rows = []
+    rng = np.random.default_rng(0)
+    for op in ops:
+        dtype = _bench_dtype(op, opts.dtype)
+        for variant in op.bench_variants:
+            for shape in _shapes(op, opts.quick):
+                row = {"op": op.name + (f" ({op.notes})" if op.notes else ""),
+                       "variant": json.dumps(variant) if variant else "", "dtype": dtype,
+                       "shape": "x".join(map(str, shape)), "target": op.target}
+                try:
+                    args, kwargs = op.make(cp, rng, shape, dtype, **variant)
+                    call = lambda: op.fn(*args, **kwargs)  # noqa: E731
+                    out = call()
+                    moved = op.moved(args, kwargs, out if isinstance(out, (tuple, list)) else (out,)) \
+                        if op.moved else harness.nbytes(list(args)) + harness.nbytes(out)
+                    logical = harness.nbytes(list(args)) + harness.nbytes(out)
+                    ms = timer.time_ms(call, reps=opts.reps)
+                    row.update(us=ms * 1e3, bytes=moved, logical_bytes=logical,
+                               tbps=moved / (ms * 1e-3) / 1e12,
+                               frac_copy=moved / (ms * 1e-3) / copy_bw)
+                    if shape in _registry.SMALL_SHAPES:
+                        row["host_us"] = harness.host_us_per_call(call)
+                    if have_torch:
+                        for kind in ("eager", "compile", "cupy"):
+                            if kind == "compile" and (opts.no_compile or shape != _registry.HEADLINE):
+                                continue
+                            try:
+                                bms = _baseline(kind, op, args, kwargs, timer, opts.reps, compiled)
+                            except Exception as e:  # noqa: BLE001 - a baseline may not apply
+                                print(f"  {kind} baseline: {type(e).__name__}: {e}"[:200])
+                                bms = None
+                            if bms is not None:
+                                row[f"{kind}_frac"] = logical / (bms * 1e-3) / copy_bw
+
+                except Exception as e:  # noqa: BLE001 - report and go on with the next
+                    row["error"] = f"{type(e).__name__}: {e}"
+                    traceback.print_exc()
+                rows.append(row)
+                print(_line(row), flush=True)
+                cp.get_default_memory_pool().free_all_blocks()
+    return env, copy_bw, rows
+
+
+COLUMNS = [("op", "op"), ("variant", "variant"), ("dtype", "dtype"), ("shape", "shape"),
+           ("us", "time us"), ("tbps", "TB/s"), ("frac_copy", "x copy"), ("target", "target"),
+           ("host_us", "host us"), ("eager_frac", "torch eager"),
+           ("compile_frac", "torch.compile"), ("cupy_frac", "naive CuPy"), ("error", "error")]
+
+
+def _fmt(key, v):
+    if v is None or v == "":
+        return ""
+    if key in ("frac_copy", "eager_frac", "compile_frac", "cupy_frac", "target"):
+        return f"{v:.3f}"
+    if key in ("us", "host_us"):
+        return f"{v:.1f}"
+    if key == "tbps":
+        return f"{v:.3f}"
+    return str(v)
+
+
+def _line(row) -> str:
+    return "| " + " | ".join(_fmt(k, row.get(k)) for k, _ in COLUMNS) + " |"
+
+
+def markdown(env, copy_bw, rows) -> str:
+    head = [f"# cuquant benchmark, {env['gpu']}, {env['date']}", "",
+            "```", json.dumps(env, indent=1), "```", "",
+            f"Copy bandwidth (device to device, read + write): **{copy_bw / 1e12:.3f} TB/s**.",
+            "Time is the median over cold-L2 runs; `x copy` is effective bandwidth over the copy "
+            "bandwidth (bytes really moved; per-tensor dynamic counts its two reads); baselines "
+            "are the same fraction for the torch eager expression, the same under torch.compile "
+            "(headline shape only) and the naive CuPy expression, each counted at the logical "
+            "bytes. `host us` is wall-clock per call for back-to-back calls.", "",
+            "| " + " | ".join(name for _, name in COLUMNS) + " |",
+            "|" + "---|" * len(COLUMNS)]
+    return "\n".join(head + [_line(r) for r in rows]) + "\n"
+
+
+def plot(rows, copy_bw, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(11, 6))
+    ops = sorted({r["op"] for r in rows if "tbps" in r})
+    for op in ops:
+        pts = sorted((r["bytes"], r["tbps"]) for r in rows if r["op"] == op and "tbps" in r)
+        ax.plot([p[0] / 1e6 for p in pts], [p[1] for p in pts], marker="o", label=op)
+    ax.axhline(copy_bw / 1e12, color="black", linestyle="--", label="device copy")
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes moved per call (MB)")
+    ax.set_ylabel("effective bandwidth (TB/s)")
+    ax.set_title("cuquant kernels: effective bandwidth vs size")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main():
+    opts = _args()
+    env, copy_bw, rows = run(opts)
+    os.makedirs(opts.out, exist_ok=True)
+    gpu = env["gpu"].replace(" ", "-")
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d") + f"-{gpu}" + (
+        f"-{opts.tag}" if opts.tag else "")
+    base = os.path.join(opts.out, stamp)
+    md = markdown(env, copy_bw, rows)
+    with open(base + ".md", "w") as f:
+        f.write(md)
+    with open(base + ".csv", "w", newline="") as f:
+        keys = sorted({k for r in rows for k in r})
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    plot(rows, copy_bw, base + ".png")
+    print(md)
+    failed = [r for r in rows if "error" in r]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

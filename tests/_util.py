@@ -1,0 +1,42 @@
+"""Bit-exact comparison of results from any array family."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def to_numpy(a) -> np.ndarray:
+    """Any result (NumPy, CuPy, torch, JAX) as a NumPy array with the same bits."""
+    mod = type(a).__module__ or ""
+    if isinstance(a, np.ndarray):
+        return a
+    if mod.startswith("cupy"):
+        return a.get()
+    if mod.startswith("torch"):
+        torch = sys.modules["torch"]
+        t = a.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(np.uint16)
+        if t.dtype == getattr(torch, "float8_e4m3fn", None):
+            return t.view(torch.uint8).numpy()
+        return t.numpy()
+    return np.asarray(a)
+
+
+def bits(a) -> np.ndarray:
+    """The raw bits of an array as unsigned integers of the same width."""
+    n = np.ascontiguousarray(to_numpy(a))
+    return n.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[n.itemsize])
+
+
+def assert_same_bits(got, want, what: str = "") -> None:
+    """Equal shapes and equal bits, element for element; reports the first mismatches."""
+    g, w = bits(got), bits(want)
+    assert g.shape == w.shape, f"{what}: shape {g.shape} != {w.shape}"
+    if not np.array_equal(g, w):
+        bad = np.argwhere(g != w)
+        first = [tuple(int(i) for i in b) for b in bad[:8]]
+        detail = ", ".join(f"{i}: got {g[i]:#x} want {w[i]:#x}" for i in first)
+        raise AssertionError(f"{what}: {len(bad)} of {g.size} elements differ; {detail}")

@@ -1,0 +1,324 @@
+"""GPU kernels against the NumPy backend, bit for bit: every declared op on many shapes,
+dtypes and variants, edge values, inputs built to sit next to rounding boundaries,
+non-contiguous inputs, torch and JAX arrays, streams, and a tensor above 2**31 elements.
+Run on a CUDA machine: `python -m pytest -m gpu`."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cuquant as cq
+from _util import assert_same_bits, to_numpy
+from cuquant import _registry
+from cuquant._dtypes import E4M3, FLOATS, INT8
+
+pytestmark = pytest.mark.gpu
+
+OPS = _registry.all_ops()
+VARIANT_SHAPES = ((37, 999), (130, 257), (64, 7168), (3, 16400))
+
+
+def _cases():
+    for op in OPS:
+        for shape in op.shapes:
+            for dtype in op.dtypes:
+                yield pytest.param(op, dtype, shape, op.variants[0],
+                                   id=f"{op.name}{'-' + op.notes if op.notes else ''}-{dtype}-{shape}")
+        for variant in op.variants[1:]:
+            for shape in VARIANT_SHAPES:
+                yield pytest.param(op, "bfloat16", shape, variant,
+                                   id=f"{op.name}-bfloat16-{shape}-{variant}")
+
+
+def _run_both(op, args, kwargs):
+    """The op on NumPy inputs and on the same inputs as CuPy arrays."""
+    import cupy as cp
+
+    host = op.fn(*args, **kwargs)
+    dev_args = [cp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+    dev_kwargs = {k: cp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+    dev = op.fn(*dev_args, **dev_kwargs)
+    return host, dev
+
+
+def _compare(op, host, dev, what):
+    host = host if isinstance(host, (tuple, list)) else (host,)
+    dev = dev if isinstance(dev, (tuple, list)) else (dev,)
+    assert len(host) == len(dev)
+    for i, (h, d) in enumerate(zip(host, dev)):
+        assert_same_bits(d, h, f"{what} output {i}")
+
+
+@pytest.mark.parametrize("op,dtype,shape,variant", list(_cases()))
+def test_matches_numpy(op, dtype, shape, variant, rng):
+    args, kwargs = op.make(np, rng, shape, dtype, **variant)
+    host, dev = _run_both(op, args, kwargs)
+    _compare(op, host, dev, op.name)
+
+
+# ---------------------------------------------------------------------------------------
+# Edge values
+
+def _edges(x: np.ndarray, rng, with_nan: bool) -> np.ndarray:
+    """Rows of zeros, +-inf, subnormals, -0 and (optionally) NaN, in place of random rows."""
+    x = x.copy()
+    tiny = {np.dtype(np.float16): 1e-6, np.dtype(np.float32): 1e-40}.get(x.dtype, 1e-39)
+    m = x.shape[0]
+    if m < 8:
+        return x
+    x[0] = 0
+    x[1, ::3] = np.inf
+    x[2, 1::5] = -np.inf
+    x[3] = (rng.standard_normal(x.shape[1]) * tiny).astype(x.dtype)
+    x[4] = -0.0
+    x[4, ::7] = tiny
+    x[5, : x.shape[1] // 2] = 0
+    if with_nan:
+        x[6, x.shape[1] // 2] = np.nan
+        x[7] = np.nan
+    return x
+
+
+QUANTIZERS = [op for op in OPS if op.kind == "quantize"]
+
+
+@pytest.mark.parametrize("with_nan", [False, True])
+@pytest.mark.parametrize("op", QUANTIZERS, ids=[f"{o.name}-{o.notes}" for o in QUANTIZERS])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_edge_values(op, dtype, with_nan, rng):
+    if dtype not in op.dtypes:
+        pytest.skip(f"{op.name} takes {op.dtypes}")
+    for shape in ((16, 300), (260, 1024)):
+        for variant in op.variants:
+            args, kwargs = op.make(np, rng, shape, dtype, **variant)
+            args = (_edges(args[0], rng, with_nan),) + tuple(args[1:])
+            host, dev = _run_both(op, args, kwargs)
+            _compare(op, host, dev, f"{op.name} {shape} {variant}")
+
+
+# ---------------------------------------------------------------------------------------
+# Quotients next to rounding boundaries (float32 inputs reach any quotient)
+
+def _near_boundaries(shape, code, rng) -> np.ndarray:
+    """float32 [M, K] with amax A at every 32nd column (so every group, block, tile and row
+    has the same scale s), and elsewhere x = f32(t * s) moved by -2..2 ulps, where t is a
+    rounding boundary of the code: k + 1/2 for int8, midpoints of e4m3 values for fp8."""
+    a = np.float32(rng.uniform(0.5, 2.0) * 10.0 ** rng.integers(-6, 6))
+    s = (a * code.inv_qmax).astype(np.float32)
+    if code is INT8:
+        t = np.arange(0, 127) + 0.5
+    else:
+        vals = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+                                .astype(np.float64)))
+        vals = vals[np.isfinite(vals)]
+        t = (vals[:-1] + vals[1:]) / 2
+    m, k = shape
+    pick = rng.choice(t, size=(m, k)) * rng.choice([-1.0, 1.0], size=(m, k))
+    x = (pick * np.float64(s)).astype(np.float32)
+    ulps = rng.integers(-2, 3, size=(m, k)).astype(np.int32)
+    x = (x.view(np.int32) + ulps * np.where(x < 0, -1, 1).astype(np.int32)).view(np.float32)
+    x[:, ::32] = a
+    return x
+
+
+@pytest.mark.parametrize("op", QUANTIZERS, ids=[f"{o.name}-{o.notes}" for o in QUANTIZERS])
+def test_near_rounding_boundaries(op, rng):
+    code = INT8 if op.family == "int8" else E4M3
+    for variant in op.variants:
+        x = _near_boundaries((256, 1024), code, rng)
+        args, kwargs = op.make(np, rng, x.shape, "float32", **variant)
+        args = (x,) + tuple(args[1:])
+        if op.name == "smooth_quant":
+            args = (x, np.ones(x.shape[1], np.float32))
+        host, dev = _run_both(op, args, kwargs)
+        _compare(op, host, dev, f"{op.name} {variant}")
+
+
+def test_division_against_div_rn(rng):
+    """The kernels' division by a group-shared divisor equals IEEE division (div.rn.f32) on
+    10**7 pairs: random, next to quotient midpoints, and tiny/subnormal divisors."""
+    import cupy as cp
+
+    from cuquant import _kernels
+
+    src = _kernels.source("common.cuh") + r"""
+extern "C" __global__ void check_divide(const float* a, const float* b, unsigned* bad, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    cq::DivPlan p = cq::plan_division(b[i]);
+    float fast = cq::divide(a[i], p), ref = cq::div_rn(a[i], b[i]);
+    if (cq::f2u(fast) != cq::f2u(ref) && !(cq::is_nan(fast) && cq::is_nan(ref))) atomicAdd(bad, 1u);
+}
+"""
+    fn = cp.RawModule(code=src, options=("-std=c++17",)).get_function("check_divide")
+    n = 10_000_000
+    g = cp.random.default_rng(int(rng.integers(1 << 31)))
+    # divisors of every magnitude, subnormals included, made from random bits
+    exponent = g.integers(0, 253, n).astype(cp.uint32)
+    mantissa = g.integers(0, 1 << 23, n).astype(cp.uint32)
+    b = ((exponent << 23) | mantissa | (exponent == 0)).view(cp.float32)
+    # dividends with |a| <= 448 |b|: quotients on the half-integer grid and random ones,
+    # moved by a few ulps so that they straddle every rounding boundary
+    q = g.uniform(-448, 448, n, dtype=cp.float32)
+    q[: n // 2] = cp.round(q[: n // 2] * 2) / 2
+    a = (q.astype(cp.float64) * b.astype(cp.float64)).astype(cp.float32)
+    a = (a.view(cp.int32) + g.integers(-3, 4, n).astype(cp.int32)).view(cp.float32)
+    a = cp.where(cp.abs(a) <= 448 * cp.abs(b), a, b)
+    bad = cp.zeros(1, dtype=cp.uint32)
+    fn(((n + 255) // 256,), (256,), (a, b, bad, np.int64(n)))
+    assert int(bad.get()[0]) == 0
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts, families, streams
+
+VIEWS = {"transposed": lambda a: a.T, "column slice": lambda a: a[:, 7:300],
+         "row stride": lambda a: a[::2], "column stride": lambda a: a[:, ::2]}
+
+
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_non_contiguous_inputs(view, rng):
+    import cupy as cp
+
+    base = (rng.standard_normal((300, 512)) * 4).astype(np.float16)
+    pick = VIEWS[view]
+    for fn in (cq.quantize_int8_per_channel, cq.quantize_fp8_per_block,
+               cq.quantize_fp8_per_token_group, cq.quantize_int8_per_tensor, cq.quantize_fp8_per_row):
+        _compare(None, fn(pick(base)), fn(pick(cp.asarray(base))), f"{fn.__name__} {view}")
+
+
+def test_column_layout_padding_on_device():
+    import cupy as cp
+
+    x = cp.asarray(np.ones((5, 256), np.float32))
+    q, s = cq.quantize_fp8_per_token_group(x, scale_layout="column")
+    assert s.shape == (5, 2) and s.strides == (4, 32)
+    buf = cp.ndarray((2, 8), dtype=cp.float32, memptr=s.data)
+    assert np.all(buf.get()[:, 5:] == 0)
+
+
+def test_torch_in_torch_out(rng):
+    torch = pytest.importorskip("torch")
+    import cupy as cp
+
+    x = torch.randn(257, 1000, device="cuda", dtype=torch.bfloat16) * 3
+    for fn in (cq.quantize_int8_per_channel, cq.quantize_fp8_per_row, cq.quantize_fp8_per_block,
+               cq.quantize_fp8_per_token_group, cq.quantize_int8_per_tensor):
+        q, s = fn(x)
+        assert isinstance(q, torch.Tensor) and q.is_cuda and q.device == x.device
+        want = fn(cp.asarray(x.view(torch.int16)).view(ml_dtypes.bfloat16))
+        assert_same_bits(q, want[0], fn.__name__)
+        assert_same_bits(s, want[1], fn.__name__)
+        if fn in (cq.quantize_fp8_per_row, cq.quantize_fp8_per_block, cq.quantize_fp8_per_token_group):
+            assert q.dtype == torch.float8_e4m3fn
+    q, s = cq.quantize_fp8_per_block(x)
+    back = cq.dequantize_fp8_per_block(q, s, torch.bfloat16)
+    assert back.dtype == torch.bfloat16 and back.shape == x.shape
+    cpu = cq.quantize_int8_per_channel(x.cpu())
+    assert not cpu[0].is_cuda
+    assert_same_bits(cpu[0], cq.quantize_int8_per_channel(x)[0])
+
+
+def test_torch_side_stream_handshake():
+    """A tensor still being written on a torch side stream is safe to hand over inside
+    that stream's context (DLPack's stream handshake orders the read after the write)."""
+    torch = pytest.importorskip("torch")
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.zeros(4096, 4096, device="cuda", dtype=torch.float16)
+        for _ in range(50):  # keep the side stream busy
+            x.add_(1)
+        q, s = cq.quantize_int8_per_tensor(x)
+    torch.cuda.synchronize()
+    assert float(s.item()) == np.float32(50) * (np.float32(1) / np.float32(127))
+    assert bool((q == 127).all())
+
+
+def test_jax_in_jax_out():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    gpus = [d for d in jax.devices() if d.platform in ("gpu", "cuda")]
+    if not gpus:
+        pytest.skip("JAX sees no GPU")
+    x = jax.device_put(jnp.asarray(np.random.default_rng(1).standard_normal((129, 512)),
+                                   dtype=jnp.bfloat16), gpus[0])
+    q, s = cq.quantize_fp8_per_token_group(x)
+    assert isinstance(q, jax.Array) and q.dtype == jnp.float8_e4m3fn
+    host = cq.quantize_fp8_per_token_group(np.asarray(x))
+    assert_same_bits(q, host[0])
+    assert_same_bits(s, host[1])
+    back = cq.dequantize_fp8_per_token_group(q, s, jnp.float32)
+    assert back.dtype == jnp.float32 and isinstance(back, jax.Array)
+    assert_same_bits(back, cq.dequantize_fp8_per_token_group(*host, np.float32))
+
+
+def test_stream_argument():
+    import cupy as cp
+
+    x = cp.asarray(np.random.default_rng(2).standard_normal((64, 4096)).astype(np.float16))
+    want = cq.quantize_int8_per_channel(x)
+    s = cp.cuda.Stream(non_blocking=True)
+    got = cq.quantize_int8_per_channel(x, stream=s)
+    s.synchronize()
+    _compare(None, want, got, "cupy stream")
+    got = cq.quantize_int8_per_channel(x, stream=s.ptr)
+    s.synchronize()
+    _compare(None, want, got, "raw stream handle")
+    with s:
+        got = cq.quantize_int8_per_tensor(x)  # the current stream, twice in a row
+        got2 = cq.quantize_int8_per_tensor(x)
+    s.synchronize()
+    _compare(None, got, got2, "per-tensor workspace reuse")
+
+
+def test_static_device_scale():
+    import cupy as cp
+
+    x = cp.asarray(np.random.default_rng(3).standard_normal((33, 100)).astype(np.float32))
+    scale = cp.asarray([0.05], dtype=cp.float32)
+    q, s = cq.quantize_fp8_per_tensor(x, scale=scale)
+    qh, sh = cq.quantize_fp8_per_tensor(x.get(), scale=0.05)
+    _compare(None, (q, s), (qh, sh), "device scale")
+
+
+# ---------------------------------------------------------------------------------------
+# Above 2**31 elements (64-bit offsets)
+
+def test_above_2_31_elements(rng):
+    import cupy as cp
+
+    rows, k = (1 << 31) // 4096 + 16, 4096
+    g = cp.random.default_rng(int(rng.integers(1 << 31)))
+    x = g.standard_normal((rows, k), dtype=cp.float32).astype(ml_dtypes.bfloat16)
+    boundary = (1 << 31) // k
+    check = np.r_[0:2, boundary - 2:boundary + 2, rows - 2:rows]
+    xh = x[check].get()
+
+    q, s = cq.quantize_int8_per_channel(x)
+    qh, sh = cq.quantize_int8_per_channel(xh)
+    assert_same_bits(q[check], qh, "int8 per channel")
+    assert_same_bits(s[check], sh, "int8 per channel scale")
+    back = cq.dequantize_int8_per_channel(q, s, ml_dtypes.bfloat16)
+    assert_same_bits(back[check], cq.dequantize_int8_per_channel(qh, sh, ml_dtypes.bfloat16))
+    del q, back
+
+    q, s = cq.quantize_fp8_per_token_group(x, scale_layout="column")
+    qh, sh = cq.quantize_fp8_per_token_group(xh)
+    assert_same_bits(q[check], qh, "fp8 token group")
+    assert_same_bits(s[check], sh, "fp8 token group scale")
+    del q, s
+
+    q, s = cq.quantize_fp8_per_tensor(x)
+    amax = float(cp.abs(x.astype(cp.float32)).max())
+    sh = np.float32(amax) * E4M3.inv_qmax
+    assert_same_bits(s, np.array([sh], np.float32), "fp8 per tensor scale")
+    assert_same_bits(q[check], cq.quantize_fp8_per_tensor(xh, scale=float(sh))[0], "fp8 per tensor")
+
+
+def test_float_types_table_is_complete():
+    assert set(FLOATS) == {"float16", "bfloat16", "float32"}
+    assert to_numpy(np.zeros(1)).shape == (1,)
