@@ -36,8 +36,9 @@ def stream_arg(stream, op: str):
 
 
 def run(like, stream, fn, *args):
-    """Call fn(cupy_stream, *args) on the device of `like` with `stream` current, and hand
-    its results back in the caller's family. fn returns a tuple of (array, is_fp8) pairs."""
+    """Call fn(cupy_stream, *args) on the device of `like` with `stream` current (kernels
+    launch on the current stream), and hand its results back in the caller's family. fn
+    returns a tuple of (array, is_fp8) pairs."""
     cp = require_cupy("cuquant")
     device = like.device
     if stream is None and cp.cuda.runtime.getDevice() == device:
@@ -70,11 +71,12 @@ def props(device: int) -> dict:
 
 def resident_blocks(fn, device: int, threads: int) -> int:
     """How many blocks of `fn` fit on the device at once (for grid-wide handshakes)."""
-    key = (fn.ptr, device, threads)
+    ptr = fn.kernel.ptr
+    key = (ptr, device, threads)
     n = _occupancy.get(key)
     if n is None:
         cp = require_cupy("cuquant")
-        per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, 0)
+        per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(ptr, threads, 0)
         n = max(1, per_sm) * props(device)["sm_count"]
         _occupancy[key] = n
     return n

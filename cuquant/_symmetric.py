@@ -141,8 +141,7 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
     fn((grid,), (threads,),
        (x, q, buf, _gpu.NULL if smooth is None else smooth, np.int64(rows), np.int64(k),
         np.int64(group), np.int64(gpr), magic, shift, np.int64(srs), np.int64(sgs),
-        np.int64(pad), code.inv_qmax, np.float32(eps)),
-       stream=stream)
+        np.int64(pad), code.inv_qmax, np.float32(eps)))
     return q, scale
 
 
@@ -160,8 +159,7 @@ def quantize_tensor(stream, x, t: FloatType, code: CodeType):
     fn = _kernels.function(SRC, tensor_expr(t, code, vec), device)
     tiles = -(-(n // vec) // 256)
     grid = max(1, min(tiles, _gpu.resident_blocks(fn, device, 256)))
-    fn((grid,), (256,), (x, q, scale, np.int64(n), _gpu.workspace(device, stream), code.inv_qmax),
-       stream=stream, enable_cooperative_groups=True)
+    fn((grid,), (256,), (x, q, scale, np.int64(n), _gpu.workspace(device, stream), code.inv_qmax))
     return q, scale
 
 
@@ -183,7 +181,7 @@ def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, s
     vec = vector_width(t) if _aligned(x) else 1
     fn = _kernels.function(SRC, static_expr(t, code, vec), x.data.device_id)
     grid = _gpu.blocks_for(n // vec + 1, 256 * 4)
-    fn((grid,), (256,), (x, q, ptr, value, out, np.int64(n)), stream=stream)
+    fn((grid,), (256,), (x, q, ptr, value, out, np.int64(n)))
     return q, scale_out
 
 
@@ -202,7 +200,7 @@ def quantize_tiles(stream, w, t: FloatType, code: CodeType):
     fn = _kernels.function(SRC, tiles_expr(t, code, vec), w.data.device_id)
     grid = max(1, min(tn * tk, 1 << 20))
     fn((grid,), (256,), (w, q, scale, np.int64(n), np.int64(k), np.int64(tn), np.int64(tk),
-                         code.inv_qmax), stream=stream)
+                         code.inv_qmax))
     return q, scale
 
 
@@ -226,8 +224,7 @@ def dequantize(stream, q, scale, code: CodeType, out: FloatType, row_shift: int,
     magic, shift = _gpu.fastdiv(kv)
     grid = _gpu.blocks_for(rows * kv, 256 * 2)
     fn((grid,), (256,), (q, scale, res, np.int64(rows), np.int64(kv), magic, shift,
-                         np.int32(row_shift), np.int32(col_shift), np.int64(srs), np.int64(scs)),
-       stream=stream)
+                         np.int32(row_shift), np.int32(col_shift), np.int64(srs), np.int64(scs)))
     return res
 
 
