@@ -94,8 +94,10 @@ __device__ __forceinline__ float rcp_rn(float a) {
 
 struct DivPlan {
     float b;        // divisor, prescaled
+    float nb;       // -b, so the corrections need no negation per element
     float y;        // RN(1/b)
     float pre;      // 1 or 2**100, applied to every dividend
+    bool scaled;    // pre != 1
     bool exact;     // true: use div.rn.f32 on the original divisor
     float b_orig;
 };
@@ -105,22 +107,29 @@ __device__ __forceinline__ DivPlan plan_division(float b) {
     u32 mag = f2u(b) & 0x7fffffffu;
     p.b_orig = b;
     p.exact = !(mag >= 0x00000001u && mag < 0x7e800000u);   // 0, >= 2**126, inf, NaN
-    p.pre = mag < 0x21800000u ? u2f(0x71800000u) : 1.0f;      // b < 2**-60: scale by 2**100
+    p.scaled = mag < 0x21800000u;                             // b < 2**-60: scale by 2**100
+    p.pre = p.scaled ? u2f(0x71800000u) : 1.0f;
     p.b = mul_rn(b, p.pre);
+    p.nb = u2f(f2u(p.b) ^ 0x80000000u);
     p.y = rcp_rn(p.b);
     return p;
+}
+
+// s / b for a prepared (not exact) plan and s already prescaled, |s| <= 2**9 |b|. The sign
+// of a zero or underflowing quotient may come out wrong; callers that care fix it.
+__device__ __forceinline__ float divide_fast(float s, const DivPlan& p) {
+    float q = mul_rn(s, p.y);
+    float r = fma_rn(q, p.nb, s);
+    q = fma_rn(r, p.y, q);
+    r = fma_rn(q, p.nb, s);
+    return fma_rn(r, p.y, q);
 }
 
 // a / b correctly rounded, for |a| <= 2**9 |b| or any a when p.exact.
 __device__ __forceinline__ float divide(float a, const DivPlan& p) {
     if (p.exact) return div_rn(a, p.b_orig);
-    float s = mul_rn(a, p.pre);
-    float q = mul_rn(s, p.y);
-    float r = fma_rn(-q, p.b, s);
-    q = fma_rn(r, p.y, q);
-    r = fma_rn(-q, p.b, s);
-    q = fma_rn(r, p.y, q);
-    // A zero dividend gives +0 above; the quotient's sign is sign(a) ^ sign(b).
+    float q = divide_fast(mul_rn(a, p.pre), p);
+    // The quotient's sign is sign(a) ^ sign(b), also for zeros.
     return u2f((f2u(q) & 0x7fffffffu) | ((f2u(a) ^ f2u(p.b)) & 0x80000000u));
 }
 
@@ -180,13 +189,68 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
     *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
 
-// Maximum of |v| over a vector, as float bits (see abs_bits).
+// A vector's elements as floats (exact). 16-bit types are unpacked two per 32-bit word.
 template <typename T, int N>
-__device__ __forceinline__ u32 vec_abs_max(const Vec<T, N>& x, u32 acc) {
+__device__ __forceinline__ void unpack(const Vec<T, N>& x, float* f) {
+    if constexpr (IsSame<T, bfloat16>::value && N % 2 == 0) {
+        const u32* w = reinterpret_cast<const u32*>(&x);
 #pragma unroll
-    for (int i = 0; i < N; ++i) acc = umax(acc, abs_bits(x.v[i]));
-    return acc;
+        for (int k = 0; k < N / 2; ++k) {
+            f[2 * k] = u2f(w[k] << 16);
+            f[2 * k + 1] = u2f(w[k] & 0xffff0000u);
+        }
+    } else if constexpr (IsSame<T, half>::value && N % 2 == 0) {
+        const u32* w = reinterpret_cast<const u32*>(&x);
+#pragma unroll
+        for (int k = 0; k < N / 2; ++k)
+            asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; cvt.f32.f16 %0, lo; cvt.f32.f16 %1, hi; }"
+                : "=f"(f[2 * k]), "=f"(f[2 * k + 1]) : "r"(w[k]));
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) f[i] = to_f32(x.v[i]);
+    }
 }
+
+// Unsigned max of the two 16-bit halves of a and b, each.
+__device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    u32 r;
+    asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#else
+    return umax(a & 0xffff0000u, b & 0xffff0000u) | umax(a & 0xffffu, b & 0xffffu);
+#endif
+}
+
+// Running max of |x|: 16-bit types keep two packed maxima per word (the bits of |x| order
+// like the values, NaN above inf), float keeps the float bits.
+template <typename T>
+struct AbsMax {
+    u32 acc = 0;
+    template <int N>
+    __device__ __forceinline__ void add(const Vec<T, N>& x) {
+        if constexpr (sizeof(T) == 2 && N % 2 == 0) {
+            const u32* w = reinterpret_cast<const u32*>(&x);
+#pragma unroll
+            for (int k = 0; k < N / 2; ++k) acc = max_u16x2(acc, w[k] & 0x7fff7fffu);
+        } else if constexpr (sizeof(T) == 2) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) acc = max_u16x2(acc, (u32)(x.v[i].bits & 0x7fffu));
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) acc = umax(acc, abs_bits(x.v[i]));
+        }
+    }
+    // The maximum as float32 bits.
+    __device__ __forceinline__ u32 bits() const {
+        if constexpr (sizeof(T) == 2) {
+            const u16 m = (u16)umax(acc & 0xffffu, acc >> 16);
+            return abs_bits(T{m});
+        } else {
+            return acc;
+        }
+    }
+};
 
 // ---------------------------------------------------------------------------------------
 // Codes
@@ -265,6 +329,36 @@ __device__ __forceinline__ void encode_pair<CodeE4M3>(float lo, float hi, u8& c0
     c1 = (u8)(r >> 8);
 }
 #endif
+
+// Codes of quotients q = a / scale on the fast path of a dynamic scale: finite, and
+// |q| < 127.5 for int8 (|a| <= amax), so no clamp and no NaN test is needed; fp8's sign is
+// taken from a (the scale is positive) and its satfinite conversion is the clamp.
+template <typename Code, int N>
+__device__ __forceinline__ void encode_fast(const float* q, const float* a,
+                                            Vec<typename Code::T, N>& out) {
+    if constexpr (IsSame<Code, CodeInt8>::value && N % 4 == 0) {
+        u32* w = reinterpret_cast<u32*>(&out);
+#pragma unroll
+        for (int k = 0; k < N / 4; ++k) {
+            // 1.5 * 2**23 + q rounds q to an integer, half to even; its low byte is the code.
+            const u32 b0 = f2u(add_rn(q[4 * k], 12582912.0f));
+            const u32 b1 = f2u(add_rn(q[4 * k + 1], 12582912.0f));
+            const u32 b2 = f2u(add_rn(q[4 * k + 2], 12582912.0f));
+            const u32 b3 = f2u(add_rn(q[4 * k + 3], 12582912.0f));
+            w[k] = prmt(prmt(b0, b1, 0x0040u), prmt(b2, b3, 0x0040u), 0x5410u);
+        }
+    } else if constexpr (IsSame<Code, CodeInt8>::value) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out.v[i] = (i8)(f2u(add_rn(q[i], 12582912.0f)) & 0xffu);
+    } else {
+        float v[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = u2f((f2u(q[i]) & 0x7fffffffu) | (f2u(a[i]) & 0x80000000u));
+#pragma unroll
+        for (int i = 0; i + 1 < N; i += 2) encode_pair<Code>(v[i], v[i + 1], out.v[i], out.v[i + 1]);
+        if (N % 2) out.v[N - 1] = Code::encode(v[N - 1]);
+    }
+}
 
 // Decodes a vector of codes to floats (exact).
 template <typename Code, int VEC>

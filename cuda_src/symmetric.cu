@@ -16,35 +16,62 @@ namespace cq {
 // ---------------------------------------------------------------------------------------
 // Quantizing a vector against a prepared divisor
 
+// Any divisor: IEEE division and the full encoder (NaN, clamp).
 template <typename Tin, typename Code, int VEC>
-__device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec(const Vec<Tin, VEC>& x,
-                                                                   const DivPlan& p) {
+__device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec_div(const Vec<Tin, VEC>& x,
+                                                                       float b) {
     Vec<typename Code::T, VEC> out;
     float f[VEC];
-    if (p.exact) {
+    unpack(x, f);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) f[i] = div_rn(to_f32(x.v[i]), p.b_orig);
-    } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) f[i] = divide(to_f32(x.v[i]), p);
-    }
+    for (int i = 0; i < VEC; ++i) f[i] = div_rn(f[i], b);
 #pragma unroll
     for (int i = 0; i + 1 < VEC; i += 2) encode_pair<Code>(f[i], f[i + 1], out.v[i], out.v[i + 1]);
     if (VEC % 2) out.v[VEC - 1] = Code::encode(f[VEC - 1]);
     return out;
 }
 
-// Same, dividing every element by its own divisor first (SmoothQuant's x / smooth).
+// The same out of line, for groups whose scale is 0, huge, inf or NaN (rare): keeps the
+// fast path's registers free.
+template <typename Tin, typename Code, int VEC>
+__device__ __noinline__ Vec<typename Code::T, VEC> quantize_vec_rare(const Vec<Tin, VEC> x,
+                                                                     float b) {
+    return quantize_vec_div<Tin, Code, VEC>(x, b);
+}
+
+// A scale that came from the group's own maximum: |x / scale| <= 448 (1 + 2**-23).
+template <typename Tin, typename Code, int VEC, bool SCALED>
+__device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec_fast(const Vec<Tin, VEC>& x,
+                                                                        const DivPlan& p) {
+    float a[VEC], q[VEC];
+    unpack(x, a);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) q[i] = divide_fast(SCALED ? mul_rn(a[i], p.pre) : a[i], p);
+    Vec<typename Code::T, VEC> out;
+    encode_fast<Code, VEC>(q, a, out);
+    return out;
+}
+
+template <typename Tin, typename Code, int VEC>
+__device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec(const Vec<Tin, VEC>& x,
+                                                                   const DivPlan& p) {
+    if (p.exact) return quantize_vec_rare<Tin, Code, VEC>(x, p.b_orig);
+    if (p.scaled) return quantize_vec_fast<Tin, Code, VEC, true>(x, p);
+    return quantize_vec_fast<Tin, Code, VEC, false>(x, p);
+}
+
+// x / smooth, one IEEE division per element (SmoothQuant).
 template <typename Tin, int VEC>
 __device__ __forceinline__ Vec<float, VEC> smooth_vec(const Vec<Tin, VEC>& x, const float* smooth) {
     Vec<float, VEC> r;
+    float f[VEC];
+    unpack(x, f);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) r.v[i] = div_rn(to_f32(x.v[i]), smooth[i]);
+    for (int i = 0; i < VEC; ++i) r.v[i] = div_rn(f[i], smooth[i]);
     return r;
 }
 
-// A vector of a group as the kernel holds it: the input itself, or (SMOOTH) x / smooth in
-// float32, one IEEE division per element.
+// A vector of a group as the kernel holds it: the input itself, or (SMOOTH) x / smooth.
 template <typename Tin, int VEC, bool SMOOTH>
 __device__ __forceinline__ Vec<typename Conditional<SMOOTH, float, Tin>::type, VEC>
 load_group_vec(const Tin* x, const float* smooth) {
@@ -55,15 +82,20 @@ load_group_vec(const Tin* x, const float* smooth) {
     }
 }
 
-template <int TPG> struct BlockThreads { enum { value = TPG > 256 ? TPG : 256 }; };
+// Threads of a block, and blocks per multiprocessor the compiler must fit (at most 64
+// registers a thread), so that enough loads are in flight while other blocks compute.
+template <int TPG> struct BlockThreads {
+    enum { value = TPG > 256 ? TPG : 256, min_blocks = 1024 / (TPG > 256 ? TPG : 256) };
+};
 
 // ---------------------------------------------------------------------------------------
 // Row groups. The input is [rows, K]; each row is cut into groups of G elements (the last
 // may be shorter). A run of TPG threads owns one group at a time, each thread VPT vectors
 // of it; GPI groups are loaded before the first is reduced, so GPI * VPT loads are in
-// flight per thread. SMOOTH divides x by smooth[k] before anything else (G must be K).
+// flight per thread. VPT == 0 streams groups too long to hold (two reads). SMOOTH divides
+// x by smooth[k] before anything else (G must then be K).
 template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, int GPI, bool SMOOTH>
-__global__ void __launch_bounds__(BlockThreads<TPG>::value)
+__global__ void __launch_bounds__(BlockThreads<TPG>::value, BlockThreads<TPG>::min_blocks)
 quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                     float* __restrict__ scale, const float* __restrict__ smooth,
                     i64 rows, i64 K, i64 G, i64 groups_per_row, u32 gpr_magic, u32 gpr_shift,
@@ -72,6 +104,7 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
     typedef typename Code::T CodeT;
     typedef typename Conditional<SMOOTH, float, Tin>::type Tv;   // what a thread holds
     constexpr int THREADS = BlockThreads<TPG>::value, SLOTS = THREADS / TPG;
+    constexpr int NV = VPT > 0 ? VPT : 1;
     __shared__ u32 scratch[THREADS / 32];
     const int lane = threadIdx.x % TPG, slot = threadIdx.x / TPG;
     const FastDiv gdiv{groups_per_row, gpr_magic, gpr_shift};
@@ -80,58 +113,9 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 
     for (i64 base = (i64)blockIdx.x * SLOTS * GPI; base < total;
          base += (i64)gridDim.x * SLOTS * GPI) {
-        if constexpr (VPT == 0) {
-            // Groups too long to hold: read twice (the second read mostly hits L2).
-            const i64 gid = base + slot;
-            const bool live = gid < total;
-            const i64 r = live ? gdiv.div(gid) : 0;
-            const i64 g = gid - r * groups_per_row;
-            const i64 start = g * G;
-            const i64 off = r * K + start;
-            const i64 len = live ? (K - start < G ? K - start : G) : 0;
-            constexpr int U = 4;
-            u32 amax = 0;
-            for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
-                Vec<Tv, VEC> tmp[U];
-#pragma unroll
-                for (int k = 0; k < U; ++k) {
-                    const i64 e = e0 + (i64)k * TPG * VEC;
-                    if (e < len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e);
-                }
-#pragma unroll
-                for (int k = 0; k < U; ++k)
-                    if (e0 + (i64)k * TPG * VEC < len) amax = vec_abs_max(tmp[k], amax);
-            }
-            amax = group_max<TPG>(amax, scratch);
-            const float s = scale_from_amax<RULE>(amax, inv_qmax, eps_bits);
-            if (live && lane == 0) {
-                scale[r * scale_row_stride + g * scale_group_stride] = s;
-                if (r == rows - 1) {
-#pragma unroll 1
-                    for (i64 p = 0; p < scale_pad_rows; ++p)
-                        scale[(rows + p) * scale_row_stride + g * scale_group_stride] = 0.0f;
-                }
-            }
-            const DivPlan p = plan_division(s);
-            for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
-                Vec<Tv, VEC> tmp[U];
-#pragma unroll
-                for (int k = 0; k < U; ++k) {
-                    const i64 e = e0 + (i64)k * TPG * VEC;
-                    if (e < len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e);
-                }
-#pragma unroll
-                for (int k = 0; k < U; ++k) {
-                    const i64 e = e0 + (i64)k * TPG * VEC;
-                    if (e < len) store_vec<CodeT, VEC>(q + off + e, quantize_vec<Tv, Code, VEC>(tmp[k], p));
-                }
-            }
-            continue;
-        } else {
-        Vec<Tv, VEC> buf[GPI][VPT];
-        i64 offset[GPI];
-        i64 sidx[GPI];
-        int len[GPI];
+        Vec<Tv, VEC> buf[GPI][NV];
+        i64 offset[GPI], sidx[GPI], len[GPI];
+        bool last_row[GPI];
 #pragma unroll
         for (int u = 0; u < GPI; ++u) {
             const i64 gid = base + (i64)u * SLOTS + slot;
@@ -141,35 +125,73 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
             const i64 start = g * G;
             offset[u] = r * K + start;
             sidx[u] = r * scale_row_stride + g * scale_group_stride;
-            len[u] = live ? (int)(K - start < G ? K - start : G) : 0;
-            if (live && scale_pad_rows > 0 && r == rows - 1 && lane == 0) {
-#pragma unroll 1
-                for (i64 p = 0; p < scale_pad_rows; ++p)
-                    scale[(rows + p) * scale_row_stride + g * scale_group_stride] = 0.0f;
-            }
+            len[u] = live ? (K - start < G ? K - start : G) : 0;
+            last_row[u] = live && r == rows - 1;
+            if constexpr (VPT > 0) {
 #pragma unroll
-            for (int j = 0; j < VPT; ++j) {
-                const int e = (lane + j * TPG) * VEC;
-                if (e < len[u]) buf[u][j] = load_group_vec<Tin, VEC, SMOOTH>(x + offset[u] + e, smooth + e);
+                for (int j = 0; j < VPT; ++j) {
+                    const i64 e = (i64)(lane + j * TPG) * VEC;
+                    if (e < len[u])
+                        buf[u][j] = load_group_vec<Tin, VEC, SMOOTH>(x + offset[u] + e, smooth + e);
+                }
             }
         }
 #pragma unroll
         for (int u = 0; u < GPI; ++u) {
-            u32 amax = 0;
+            AbsMax<Tv> acc;
+            constexpr int U = 4;  // loads in flight when streaming
+            if constexpr (VPT > 0) {
 #pragma unroll
-            for (int j = 0; j < VPT; ++j)
-                if ((lane + j * TPG) * VEC < len[u]) amax = vec_abs_max(buf[u][j], amax);
-            amax = group_max<TPG>(amax, scratch);
-            const float s = scale_from_amax<RULE>(amax, inv_qmax, eps_bits);
-            if (len[u] > 0 && lane == 0) scale[sidx[u]] = s;
-            const DivPlan p = plan_division(s);
+                for (int j = 0; j < VPT; ++j)
+                    if ((i64)(lane + j * TPG) * VEC < len[u]) acc.add(buf[u][j]);
+            } else {
+                for (i64 e0 = (i64)lane * VEC; e0 < len[u]; e0 += (i64)U * TPG * VEC) {
+                    Vec<Tv, VEC> tmp[U];
 #pragma unroll
-            for (int j = 0; j < VPT; ++j) {
-                const int e = (lane + j * TPG) * VEC;
-                if (e < len[u])
-                    store_vec<CodeT, VEC>(q + offset[u] + e, quantize_vec<Tv, Code, VEC>(buf[u][j], p));
+                    for (int k = 0; k < U; ++k) {
+                        const i64 e = e0 + (i64)k * TPG * VEC;
+                        if (e < len[u])
+                            tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + offset[u] + e, smooth + e);
+                    }
+#pragma unroll
+                    for (int k = 0; k < U; ++k)
+                        if (e0 + (i64)k * TPG * VEC < len[u]) acc.add(tmp[k]);
+                }
             }
-        }
+            const u32 amax = group_max<TPG>(acc.bits(), scratch);
+            const float s = scale_from_amax<RULE>(amax, inv_qmax, eps_bits);
+            if (len[u] > 0 && lane == 0) {
+                scale[sidx[u]] = s;
+                if (last_row[u]) {  // the column layout's padding rows
+#pragma unroll 1
+                    for (i64 p = 1; p <= scale_pad_rows; ++p) scale[sidx[u] + p * scale_row_stride] = 0.0f;
+                }
+            }
+            const DivPlan plan = plan_division(s);
+            if constexpr (VPT > 0) {
+#pragma unroll
+                for (int j = 0; j < VPT; ++j) {
+                    const i64 e = (i64)(lane + j * TPG) * VEC;
+                    if (e < len[u])
+                        store_vec<CodeT, VEC>(q + offset[u] + e, quantize_vec<Tv, Code, VEC>(buf[u][j], plan));
+                }
+            } else {
+                for (i64 e0 = (i64)lane * VEC; e0 < len[u]; e0 += (i64)U * TPG * VEC) {
+                    Vec<Tv, VEC> tmp[U];
+#pragma unroll
+                    for (int k = 0; k < U; ++k) {
+                        const i64 e = e0 + (i64)k * TPG * VEC;
+                        if (e < len[u])
+                            tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + offset[u] + e, smooth + e);
+                    }
+#pragma unroll
+                    for (int k = 0; k < U; ++k) {
+                        const i64 e = e0 + (i64)k * TPG * VEC;
+                        if (e < len[u])
+                            store_vec<CodeT, VEC>(q + offset[u] + e, quantize_vec<Tv, Code, VEC>(tmp[k], plan));
+                    }
+                }
+            }
         }
     }
 }
@@ -180,7 +202,7 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 // the kernel leaves zeroed. Each thread keeps its first CACHE vectors in registers; the
 // rest are read again in phase 2, newest first so that what is still in L2 is used.
 template <typename Tin, typename Code, int VEC, int CACHE>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 4)
 quantize_tensor(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                 float* __restrict__ scale_out, i64 n, u32* __restrict__ ws, float inv_qmax) {
     typedef typename Code::T CodeT;
@@ -191,15 +213,15 @@ quantize_tensor(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
     const i64 G = gridDim.x, tid = threadIdx.x;
 
     Vec<Tin, VEC> cache[CACHE];
-    u32 amax = 0;
+    AbsMax<Tin> acc;
 #pragma unroll
     for (int j = 0; j < CACHE; ++j) {
         const i64 v = ((i64)blockIdx.x + j * G) * THREADS + tid;
-        if (v < nvec) {
-            cache[j] = load_vec<Tin, VEC>(x + v * VEC);
-            amax = vec_abs_max(cache[j], amax);
-        }
+        if (v < nvec) cache[j] = load_vec<Tin, VEC>(x + v * VEC);
     }
+#pragma unroll
+    for (int j = 0; j < CACHE; ++j)
+        if (((i64)blockIdx.x + j * G) * THREADS + tid < nvec) acc.add(cache[j]);
     const i64 first = (i64)blockIdx.x + CACHE * G;
     for (i64 t = first; t < ntiles; t += UNROLL * G) {
         Vec<Tin, VEC> tmp[UNROLL];
@@ -210,11 +232,11 @@ quantize_tensor(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
         }
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k)
-            if ((t + k * G) * THREADS + tid < nvec) amax = vec_abs_max(tmp[k], amax);
+            if ((t + k * G) * THREADS + tid < nvec) acc.add(tmp[k]);
     }
-    if (blockIdx.x == 0 && tid < tail) amax = umax(amax, abs_bits(x[nvec * VEC + tid]));
+    if (blockIdx.x == 0 && tid < tail) acc.add(load_vec<Tin, 1>(x + nvec * VEC + tid));
 
-    amax = group_max<THREADS>(amax, scratch);
+    u32 amax = group_max<THREADS>(acc.bits(), scratch);
     amax = grid_max(amax, ws, &scratch[THREADS / 32]);
     const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
     if (blockIdx.x == 0 && tid == 0) scale_out[0] = s;
@@ -244,7 +266,7 @@ quantize_tensor(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
     }
     if (blockIdx.x == 0 && tid < tail) {
         const i64 i = nvec * VEC + tid;
-        q[i] = Code::encode(divide(to_f32(x[i]), p));
+        store_vec<CodeT, 1>(q + i, quantize_vec<Tin, Code, 1>(load_vec<Tin, 1>(x + i), p));
     }
 }
 
@@ -260,9 +282,6 @@ quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
     constexpr int THREADS = 256, UNROLL = 4;
     const float b = scale_ptr ? *scale_ptr : scale_value;
     if (scale_out && blockIdx.x == 0 && threadIdx.x == 0) scale_out[0] = b;
-    DivPlan p;
-    p.exact = true;
-    p.b_orig = b;
     const i64 nvec = n / VEC, tail = n - nvec * VEC;
     const i64 stride = (i64)gridDim.x * THREADS;
     for (i64 v0 = (i64)blockIdx.x * THREADS + threadIdx.x; v0 < nvec; v0 += UNROLL * stride) {
@@ -273,11 +292,11 @@ quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k)
             if (v0 + k * stride < nvec)
-                store_vec<CodeT, VEC>(q + (v0 + k * stride) * VEC, quantize_vec<Tin, Code, VEC>(tmp[k], p));
+                store_vec<CodeT, VEC>(q + (v0 + k * stride) * VEC, quantize_vec_div<Tin, Code, VEC>(tmp[k], b));
     }
     if (blockIdx.x == 0 && threadIdx.x < tail) {
         const i64 i = nvec * VEC + threadIdx.x;
-        q[i] = Code::encode(div_rn(to_f32(x[i]), b));
+        store_vec<CodeT, 1>(q + i, quantize_vec_div<Tin, Code, 1>(load_vec<Tin, 1>(x + i), b));
     }
 }
 
@@ -285,7 +304,7 @@ quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 // 128x128 tiles of an [N, K] matrix, edge tiles partial; one block per tile, the tile held
 // in registers (64 elements a thread). scale is [tiles_n, tiles_k] row-major.
 template <typename Tin, typename Code, int VEC>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 3)
 quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                float* __restrict__ scale, i64 N, i64 K, i64 tiles_n, i64 tiles_k, float inv_qmax) {
     typedef typename Code::T CodeT;
@@ -297,26 +316,25 @@ quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
         const i64 tn = t / tiles_k, tk = t - tn * tiles_k;
         const i64 col = tk * TILE + (i64)cv * VEC;
         const bool col_ok = col < K;
+        const Tin* src = x + (tn * TILE + r0) * K + col;
+        CodeT* dst = q + (tn * TILE + r0) * K + col;
+        const i64 rows_left = N - tn * TILE - r0;
         Vec<Tin, VEC> buf[PASSES];
-        u32 amax = 0;
+        AbsMax<Tin> acc;
 #pragma unroll
-        for (int p = 0; p < PASSES; ++p) {
-            const i64 row = tn * TILE + r0 + p * RPP;
-            if (col_ok && row < N) {
-                buf[p] = load_vec<Tin, VEC>(x + row * K + col);
-                amax = vec_abs_max(buf[p], amax);
-            }
-        }
-        amax = group_max<THREADS>(amax, scratch);
+        for (int p = 0; p < PASSES; ++p)
+            if (col_ok && p * RPP < rows_left) buf[p] = load_vec<Tin, VEC>(src + (i64)p * RPP * K);
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p)
+            if (col_ok && p * RPP < rows_left) acc.add(buf[p]);
+        const u32 amax = group_max<THREADS>(acc.bits(), scratch);
         const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
         if (threadIdx.x == 0) scale[t] = s;
         const DivPlan plan = plan_division(s);
 #pragma unroll
-        for (int p = 0; p < PASSES; ++p) {
-            const i64 row = tn * TILE + r0 + p * RPP;
-            if (col_ok && row < N)
-                store_vec<CodeT, VEC>(q + row * K + col, quantize_vec<Tin, Code, VEC>(buf[p], plan));
-        }
+        for (int p = 0; p < PASSES; ++p)
+            if (col_ok && p * RPP < rows_left)
+                store_vec<CodeT, VEC>(dst + (i64)p * RPP * K, quantize_vec<Tin, Code, VEC>(buf[p], plan));
     }
 }
 
@@ -328,9 +346,9 @@ template <typename Code, typename Tout, int VEC>
 __global__ void __launch_bounds__(256)
 dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restrict__ scale,
                   Tout* __restrict__ out, i64 rows, i64 kv, u32 kv_magic, u32 kv_shift,
-                  int row_shift, int col_shift, i64 srs, i64 scs) {
+                  i64 row_shift, i64 col_shift, i64 srs, i64 scs) {
     typedef typename Code::T CodeT;
-    constexpr int THREADS = 256, UNROLL = 2;
+    constexpr int THREADS = 256, UNROLL = 4;
     const FastDiv kd{kv, kv_magic, kv_shift};
     const i64 nvec = rows * kv;
     const i64 stride = (i64)gridDim.x * THREADS;

@@ -3,6 +3,7 @@ and code bounds. Every other module looks dtypes up here."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -29,7 +30,7 @@ class CodeType:
     qmin: int | float
     qmax: int | float
 
-    @property
+    @functools.cached_property
     def inv_qmax(self) -> np.float32:
         """f32(1/qmax), the constant scales are multiplied by (SPEC section 1, C(1/n))."""
         return np.float32(1.0) / np.float32(self.qmax)

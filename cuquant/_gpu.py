@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from ._arrays import HOST, outcome, require_cupy
+from ._arrays import HOST, cupy_module, outcome, require_cupy
 
 _props: dict = {}
 _workspaces: dict = {}
@@ -35,19 +35,19 @@ def stream_arg(stream, op: str):
     return cp.cuda.ExternalStream(int(handle))
 
 
-def run(like, stream, fn, *args):
-    """Call fn(cupy_stream, *args) on the device of `like` with `stream` current (kernels
-    launch on the current stream), and hand its results back in the caller's family. fn
-    returns a tuple of (array, is_fp8) pairs."""
-    cp = require_cupy("cuquant")
+def run(like, stream, fn, *args, **kwargs):
+    """Call fn(cupy_stream, *args, **kwargs) on the device of `like` with `stream` current
+    (kernels launch on the current stream), and hand its results back in the caller's
+    family. fn returns a tuple of (array, is_fp8) pairs."""
+    cp = cupy_module()
     device = like.device
     if stream is None and cp.cuda.runtime.getDevice() == device:
-        return _hand_back(like, fn(cp.cuda.get_current_stream(), *args))
+        return _hand_back(like, fn(cp.cuda.get_current_stream(), *args, **kwargs))
     with cp.cuda.Device(device):
         if stream is None:
-            return _hand_back(like, fn(cp.cuda.get_current_stream(), *args))
+            return _hand_back(like, fn(cp.cuda.get_current_stream(), *args, **kwargs))
         with stream:
-            return _hand_back(like, fn(stream, *args))
+            return _hand_back(like, fn(stream, *args, **kwargs))
 
 
 def _hand_back(like, results):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _gpu
 from . import _validate as v
 from ._arrays import HOST, In, intake, outcome, same_place
 from ._dtypes import E4M3, FLOATS, INT8, float_type_named
@@ -23,8 +24,6 @@ _CODE_DTYPES = {
 def stream_of(stream, op: str):
     if stream is None:
         return None
-    from . import _gpu
-
     return _gpu.stream_arg(stream, op)
 
 
@@ -37,10 +36,8 @@ def host_results(like: In, results):
     return outcome(like, results)
 
 
-def run_gpu(like: In, stream, fn, *args):
-    from . import _gpu
-
-    return _gpu.run(like, stream, fn, *args)
+def run_gpu(like: In, stream, fn, *args, **kwargs):
+    return _gpu.run(like, stream, fn, *args, **kwargs)
 
 
 def contiguous(x):

@@ -1,10 +1,11 @@
 """GPU side of symmetric scaled quantization (INT8 and FP8): picking the specialization of
-cuda_src/symmetric.cu, allocating outputs and launching on the caller's stream.
+cuda_src/symmetric.cu, allocating outputs and launching on the current stream.
 
 Every launcher takes CuPy arrays that the public functions have already checked, and
-returns the CuPy results. Specializations are keyed by input type, code, scale rule, vector
-width and the group geometry, and `specializations()` lists all of them for the compile
-check."""
+returns the CuPy results. What a launch needs besides the arrays (the compiled kernel, the
+geometry, run-time divisors) is worked out once per distinct problem and kept in `_plans`,
+so a repeated call costs a dictionary lookup, the output allocations and the launch.
+`specializations()` lists every kernel for the compile check."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import itertools
 import numpy as np
 
 from . import _gpu, _kernels
+from ._arrays import cupy_module
 from ._dtypes import E4M3, FLOATS, INT8, CodeType, FloatType
 
 SRC = "symmetric.cu"
@@ -20,14 +22,15 @@ SRC = "symmetric.cu"
 # Scale rules (cuda_src/common.cuh, ScaleRule)
 ZERO_IS_ONE, FLOOR_EPS, FLOOR_EPS_POW2 = 0, 1, 2
 
-TENSOR_CACHE = 8  # vectors per thread the per-tensor kernel keeps on chip
+TENSOR_CACHE = 4  # vectors per thread the per-tensor kernel keeps on chip
 
-# (threads per group, vectors per thread, groups per iteration); vectors per thread 0 means
-# the group is streamed twice instead of held.
+# (threads per group, vectors per thread, groups per iteration). Four vectors a thread keep
+# four 16-byte loads in flight and amortize the per-group work; vectors per thread 0 means
+# the group is streamed (read twice) instead of held.
 GEOMETRIES = (
-    [(1 << i, 1, 4) for i in range(9)]                      # up to 256 vectors: one each
-    + [(256, 2, 2), (256, 4, 1), (256, 8, 1)]               # up to 2048 vectors
-    + [(1024, 4, 1), (1024, 8, 1)]                          # up to 8192 vectors
+    [(1, 1, 4), (1, 2, 2)]
+    + [(1 << i, 4, 1) for i in range(11)]                   # up to 4096 vectors
+    + [(1024, 8, 1)]                                        # up to 8192 vectors
     + [(1024, 0, 1)]                                        # longer: streamed
 )
 
@@ -47,13 +50,12 @@ def vector_width(t: FloatType) -> int:
 
 def geometry(nvec: int) -> tuple[int, int, int]:
     """The geometry for groups of up to `nvec` vectors."""
-    if nvec <= 256:
-        return (max(1, 1 << (nvec - 1).bit_length()), 1, 4)
-    if nvec <= 2048:
-        vpt = 1 << (-(-nvec // 256) - 1).bit_length()
-        return (256, vpt, 2 if vpt == 2 else 1)
+    if nvec <= 2:
+        return (1, nvec, 4 // nvec) if nvec else (1, 1, 4)
+    if nvec <= 4096:
+        return (1 << (-(-nvec // 4) - 1).bit_length(), 4, 1)
     if nvec <= 8192:
-        return (1024, 1 << (-(-nvec // 1024) - 1).bit_length(), 1)
+        return (1024, 8, 1)
     return (1024, 0, 1)
 
 
@@ -97,28 +99,46 @@ def specializations():
         yield SRC, dequant_expr(code, out, vec)
 
 
-def _aligned(*arrays) -> bool:
-    return all(a.data.ptr % 16 == 0 for a in arrays)
+_plans: dict = {}
 
 
 def _code_dtype(code: CodeType):
     return np.uint8 if code is E4M3 else np.int8
 
 
+def _contiguous(x):
+    return x if x.flags.c_contiguous else cupy_module().ascontiguousarray(x)
+
+
 # ---------------------------------------------------------------------------------------
 # Launchers
 
+def _row_groups_plan(t, code, rule, k, group, vec, smooth, device):
+    gpr = -(-k // group)
+    geom = geometry(-(-min(group, k) // vec))
+    fn = _kernels.function(SRC, row_groups_expr(t, code, rule, vec, geom, smooth), device)
+    tpg, _, gpi = geom
+    threads = max(tpg, 256)
+    magic, shift = _gpu.fastdiv(gpr)
+    return fn, threads, (threads // tpg) * gpi, gpr, magic, shift
+
+
 def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
-                        eps: float = 0.0, smooth=None, scale_layout: str = "row"):
+                        eps=np.float32(0), smooth=None, scale_layout: str = "row"):
     """x: C-contiguous [rows, K]. Returns (q [rows, K], scale [rows, ceil(K/group)]) where
     scale is a strided view of a [groups, round_up(rows, 4)] buffer for layout "column"."""
-    cp = _kernels.require_cupy("cuquant")
+    cp = cupy_module()
     rows, k = x.shape
-    gpr = -(-k // group)
-    vec = vector_width(t)
-    if k % vec or not _aligned(x, *(() if smooth is None else (smooth,))):
+    vec = 16 // t.numpy.itemsize
+    if k % vec or x.data.ptr % 16 or (smooth is not None and smooth.data.ptr % 16):
         vec = 1
-    geom = geometry(-(-min(group, k) // vec))
+    device = x.data.device_id
+    key = ("rows", t.name, code.name, rule, k, group, vec, smooth is None, device)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _row_groups_plan(t, code, rule, k, group, vec, smooth is not None,
+                                              device)
+    fn, threads, per_block, gpr, magic, shift = plan
     q = cp.empty((rows, k), dtype=_code_dtype(code))
     if scale_layout == "column":
         m4 = -(-rows // 4) * 4
@@ -132,22 +152,16 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
         if pad:
             buf.fill(0)
         return q, scale
-    fn = _kernels.function(SRC, row_groups_expr(t, code, rule, vec, geom, smooth is not None),
-                           x.data.device_id)
-    tpg, _, gpi = geom
-    threads = max(tpg, 256)
-    grid = _gpu.blocks_for(rows * gpr, (threads // tpg) * gpi)
-    magic, shift = _gpu.fastdiv(gpr)
+    grid = min(-(-(rows * gpr) // per_block), 1 << 20)
     fn((grid,), (threads,),
-       (x, q, buf, _gpu.NULL if smooth is None else smooth, np.int64(rows), np.int64(k),
-        np.int64(group), np.int64(gpr), magic, shift, np.int64(srs), np.int64(sgs),
-        np.int64(pad), code.inv_qmax, np.float32(eps)))
+       (x, q, buf, _gpu.NULL if smooth is None else smooth, rows, k, group, gpr, magic, shift,
+        srs, sgs, pad, code.inv_qmax, eps))
     return q, scale
 
 
 def quantize_tensor(stream, x, t: FloatType, code: CodeType):
     """Dynamic per-tensor: x C-contiguous, any shape. Returns (q, scale [1])."""
-    cp = _kernels.require_cupy("cuquant")
+    cp = cupy_module()
     q = cp.empty(x.shape, dtype=_code_dtype(code))
     scale = cp.empty((1,), dtype=np.float32)
     n = x.size
@@ -155,17 +169,21 @@ def quantize_tensor(stream, x, t: FloatType, code: CodeType):
         scale.fill(1.0)
         return q, scale
     device = x.data.device_id
-    vec = vector_width(t) if _aligned(x) else 1
-    fn = _kernels.function(SRC, tensor_expr(t, code, vec), device)
-    tiles = -(-(n // vec) // 256)
-    grid = max(1, min(tiles, _gpu.resident_blocks(fn, device, 256)))
-    fn((grid,), (256,), (x, q, scale, np.int64(n), _gpu.workspace(device, stream), code.inv_qmax))
+    vec = 16 // t.numpy.itemsize if x.data.ptr % 16 == 0 else 1
+    key = ("tensor", t.name, code.name, vec, device)
+    plan = _plans.get(key)
+    if plan is None:
+        fn = _kernels.function(SRC, tensor_expr(t, code, vec), device)
+        plan = _plans[key] = (fn, _gpu.resident_blocks(fn, device, 256))
+    fn, resident = plan
+    grid = max(1, min(-(-(n // vec) // 256), resident))
+    fn((grid,), (256,), (x, q, scale, n, _gpu.workspace(device, stream), code.inv_qmax))
     return q, scale
 
 
 def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, scale_array=None):
     """Per-tensor with a given scale: a float, or a device float32 array of one element."""
-    cp = _kernels.require_cupy("cuquant")
+    cp = cupy_module()
     q = cp.empty(x.shape, dtype=_code_dtype(code))
     if scale_array is None:
         scale_out = cp.empty((1,), dtype=np.float32)
@@ -178,29 +196,27 @@ def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, s
         if scale_array is None:
             scale_out.fill(value)
         return q, scale_out
-    vec = vector_width(t) if _aligned(x) else 1
+    vec = 16 // t.numpy.itemsize if x.data.ptr % 16 == 0 else 1
     fn = _kernels.function(SRC, static_expr(t, code, vec), x.data.device_id)
-    grid = _gpu.blocks_for(n // vec + 1, 256 * 4)
-    fn((grid,), (256,), (x, q, ptr, value, out, np.int64(n)))
+    grid = min(-(-(n // vec + 1) // 1024), 1 << 20)
+    fn((grid,), (256,), (x, q, ptr, value, out, n))
     return q, scale_out
 
 
 def quantize_tiles(stream, w, t: FloatType, code: CodeType):
     """128x128 tiles of w [N, K]. Returns (q, scale [ceil(N/128), ceil(K/128)])."""
-    cp = _kernels.require_cupy("cuquant")
+    cp = cupy_module()
     n, k = w.shape
     tn, tk = -(-n // 128), -(-k // 128)
     q = cp.empty((n, k), dtype=_code_dtype(code))
     scale = cp.empty((tn, tk), dtype=np.float32)
     if n == 0 or k == 0:
         return q, scale
-    vec = vector_width(t)
-    if k % vec or not _aligned(w):
+    vec = 16 // t.numpy.itemsize
+    if k % vec or w.data.ptr % 16:
         vec = 1
     fn = _kernels.function(SRC, tiles_expr(t, code, vec), w.data.device_id)
-    grid = max(1, min(tn * tk, 1 << 20))
-    fn((grid,), (256,), (w, q, scale, np.int64(n), np.int64(k), np.int64(tn), np.int64(tk),
-                         code.inv_qmax))
+    fn((min(tn * tk, 1 << 20),), (256,), (w, q, scale, n, k, tn, tk, code.inv_qmax))
     return q, scale
 
 
@@ -210,21 +226,25 @@ NO_AXIS = 63  # a shift that maps every index of an axis to 0
 def dequantize(stream, q, scale, code: CodeType, out: FloatType, row_shift: int, col_shift: int):
     """q: C-contiguous [rows, K] codes; scale: float32, 1-D or 2-D with element strides
     (r >> row_shift) and (c >> col_shift) along its axes."""
-    cp = _kernels.require_cupy("cuquant")
+    cp = cupy_module()
     rows, k = q.shape
     res = cp.empty((rows, k), dtype=out.numpy)
     if rows == 0 or k == 0:
         return res
-    strides = [s // 4 for s in scale.strides] if scale.ndim else [0]
-    srs = strides[0] if row_shift != NO_AXIS else 0
-    scs = (strides[1] if scale.ndim == 2 else strides[0]) if col_shift != NO_AXIS else 0
-    vec = 16 if (k % 16 == 0 and _aligned(q)) else 1
+    strides = scale.strides
+    srs = strides[0] // 4 if row_shift != NO_AXIS else 0
+    scs = strides[-1] // 4 if col_shift != NO_AXIS else 0
+    vec = 16 if (k % 16 == 0 and q.data.ptr % 16 == 0) else 1
     kv = k // vec
-    fn = _kernels.function(SRC, dequant_expr(code, out, vec), q.data.device_id)
-    magic, shift = _gpu.fastdiv(kv)
-    grid = _gpu.blocks_for(rows * kv, 256 * 2)
-    fn((grid,), (256,), (q, scale, res, np.int64(rows), np.int64(kv), magic, shift,
-                         np.int32(row_shift), np.int32(col_shift), np.int64(srs), np.int64(scs)))
+    device = q.data.device_id
+    key = ("dequant", code.name, out.name, vec, kv, device)
+    plan = _plans.get(key)
+    if plan is None:
+        fn = _kernels.function(SRC, dequant_expr(code, out, vec), device)
+        plan = _plans[key] = (fn,) + _gpu.fastdiv(kv)
+    fn, magic, shift = plan
+    grid = min(-(-(rows * kv) // 1024), 1 << 20)
+    fn((grid,), (256,), (q, scale, res, rows, kv, magic, shift, row_shift, col_shift, srs, scs))
     return res
 
 
@@ -242,6 +262,35 @@ def run_tensor(stream, x, t: FloatType, code: CodeType, value=None, device_scale
     return _flag(code, *quantize_static(stream, _contiguous(x), t, code, value, device_scale))
 
 
+def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=np.float32(0), smooth=None):
+    """One group per row of the last axis (any rank); the scale has shape x.shape[:-1]."""
+    shape = x.shape
+    k = shape[-1]
+    rows = x.size // k if k else int(np.prod(shape[:-1]))
+    x2 = _contiguous(x).reshape(rows, k)
+    if k == 0:  # an empty row's amax is 0
+        from ._numpy import _core
+
+        fill = (_core.scale_zero_is_one(np.zeros(1, np.float32), code) if rule == ZERO_IS_ONE
+                else _core.scale_floor(np.zeros(1, np.float32), eps, code))[0]
+        q = cupy_module().empty(shape, dtype=_code_dtype(code))
+        return _flag(code, q, cupy_module().full(shape[:-1], fill, dtype=np.float32))
+    q, scale = quantize_row_groups(stream, x2, t, code, rule, k, eps,
+                                   None if smooth is None else _contiguous(smooth))
+    return _flag(code, q.reshape(shape), scale.reshape(shape[:-1]))
+
+
+def run_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
+               eps=np.float32(0), scale_layout: str = "row"):
+    """Groups of `group` elements along the rows of a 2-D x."""
+    return _flag(code, *quantize_row_groups(stream, _contiguous(x), t, code, rule, group, eps,
+                                            scale_layout=scale_layout))
+
+
+def run_tiles(stream, w, t: FloatType, code: CodeType):
+    return _flag(code, *quantize_tiles(stream, _contiguous(w), t, code))
+
+
 def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity: str,
                    group: int = 0):
     """Dequantize q of any shape. granularity: "tensor" (scale of one element), "row"
@@ -252,8 +301,10 @@ def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity
     if granularity == "tensor":
         res = dequantize(stream, qc.reshape(1, -1), scale.reshape(1), code, out, NO_AXIS, NO_AXIS)
     elif granularity == "row":
-        res = dequantize(stream, qc.reshape(-1, shape[-1]), scale.reshape(-1), code, out, 0,
-                         NO_AXIS)
+        k = shape[-1]
+        rows = q.size // k if k else 0
+        res = dequantize(stream, qc.reshape(rows, k), _contiguous(scale).reshape(-1), code, out,
+                         0, NO_AXIS)
     elif granularity == "group":
         res = dequantize(stream, qc, scale, code, out, 0, group.bit_length() - 1)
     else:
@@ -261,11 +312,7 @@ def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity
     return ((res.reshape(shape), False),)
 
 
-def _contiguous(x):
-    if x.flags.c_contiguous:
-        return x
-    return _kernels.require_cupy("cuquant").ascontiguousarray(x)
-
-
-__all__ = ["run_tensor", "run_dequantize", "quantize_row_groups", "quantize_tensor", "quantize_static",
-           "quantize_tiles", "dequantize", "specializations", "geometry", "NO_AXIS"]
+__all__ = ["run_tensor", "run_rows", "run_groups", "run_tiles", "run_dequantize",
+           "quantize_row_groups", "quantize_tensor", "quantize_static", "quantize_tiles",
+           "dequantize", "specializations", "geometry", "NO_AXIS", "ZERO_IS_ONE", "FLOOR_EPS",
+           "FLOOR_EPS_POW2"]

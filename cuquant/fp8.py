@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _numpy
+from . import _numpy, _symmetric
 from ._dtypes import E4M3
-from ._numpy import _core
-from ._op import (HOST, check_one_value, contiguous, dequant_args, host_results, intake,
+from ._op import (HOST, check_one_value, dequant_args, host_results, intake,
                   run_gpu, scale_argument, stream_of, v)
 
 GROUP_SIZES = (32, 64, 128, 256)
@@ -24,18 +23,6 @@ ROW_EPS = np.float32(1e-4)
 __all__ = ["quantize_fp8_per_tensor", "quantize_fp8_per_row", "quantize_fp8_per_token_group",
            "quantize_fp8_per_block", "dequantize_fp8_per_tensor", "dequantize_fp8_per_row",
            "dequantize_fp8_per_token_group", "dequantize_fp8_per_block", "GROUP_SIZES"]
-
-
-def _sym():
-    from . import _symmetric
-
-    return _symmetric
-
-
-def _fill(n_shape, value):
-    from ._arrays import cupy_module
-
-    return cupy_module().full(n_shape, value, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------
@@ -65,7 +52,7 @@ def quantize_fp8_per_tensor(x, scale=None, *, stream=None):
         value, device_scale = scale_argument(scale, op, a, s)
     if a.device == HOST:
         return host_results(a, _numpy.quantize_fp8_per_tensor(a.data, value))
-    return run_gpu(a, s, _sym().run_tensor, a.data, t, E4M3, value, device_scale)
+    return run_gpu(a, s, _symmetric.run_tensor, a.data, t, E4M3, value, device_scale)
 
 
 def quantize_fp8_per_row(x, *, stream=None):
@@ -90,19 +77,8 @@ def quantize_fp8_per_row(x, *, stream=None):
     v.check_min_ndim(a, op, "x", 1, "[..., D]")
     if a.device == HOST:
         return host_results(a, _numpy.quantize_fp8_per_row(a.data))
-    return run_gpu(a, s, _gpu_rows, a.data, t)
+    return run_gpu(a, s, _symmetric.run_rows, a.data, t, E4M3, _symmetric.FLOOR_EPS, ROW_EPS)
 
-
-def _gpu_rows(stream, x, t):
-    shape = x.shape
-    d = shape[-1]
-    x2 = contiguous(x).reshape(-1, d)
-    if d == 0:
-        q = x2.astype(np.uint8).reshape(shape)
-        floor = _core.scale_floor(np.zeros(1, np.float32), ROW_EPS, E4M3)[0]
-        return (q, True), (_fill(shape[:-1], floor), False)
-    q, scale = _sym().quantize_row_groups(stream, x2, t, E4M3, _sym().FLOOR_EPS, d, float(ROW_EPS))
-    return (q.reshape(shape), True), (scale.reshape(shape[:-1]), False)
 
 
 def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row",
@@ -142,15 +118,9 @@ def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row"
     if a.device == HOST:
         return host_results(a, _numpy.quantize_fp8_per_token_group(a.data, g, e, scale_layout,
                                                                    scale_format))
-    return run_gpu(a, s, _gpu_token_group, a.data, t, g, e, scale_layout, scale_format)
+    rule = _symmetric.FLOOR_EPS_POW2 if scale_format == "ue8m0" else _symmetric.FLOOR_EPS
+    return run_gpu(a, s, _symmetric.run_groups, a.data, t, E4M3, rule, g, e, scale_layout)
 
-
-def _gpu_token_group(stream, x, t, g, eps, layout, fmt):
-    sym = _sym()
-    rule = sym.FLOOR_EPS_POW2 if fmt == "ue8m0" else sym.FLOOR_EPS
-    q, scale = sym.quantize_row_groups(stream, contiguous(x), t, E4M3, rule, g, float(eps),
-                                       scale_layout=layout)
-    return (q, True), (scale, False)
 
 
 def quantize_fp8_per_block(w, block_size=BLOCK_SIZE, *, stream=None):
@@ -178,7 +148,7 @@ def quantize_fp8_per_block(w, block_size=BLOCK_SIZE, *, stream=None):
     v.check_ndim(a, op, "w", 2, "[N, K]")
     if a.device == HOST:
         return host_results(a, _numpy.quantize_fp8_per_block(a.data, BLOCK_SIZE))
-    return run_gpu(a, s, _gpu_tiles, a.data, t)
+    return run_gpu(a, s, _symmetric.run_tiles, a.data, t, E4M3)
 
 
 def _check_block_size(block_size, op):
@@ -190,10 +160,6 @@ def _check_block_size(block_size, op):
     if bs != BLOCK_SIZE:
         raise ValueError(f"{op}: block_size must be (128, 128); got {block_size!r}")
 
-
-def _gpu_tiles(stream, w, t):
-    q, scale = _sym().quantize_tiles(stream, contiguous(w), t, E4M3)
-    return (q, True), (scale, False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,7 +184,7 @@ def dequantize_fp8_per_tensor(q, scale, dtype, *, stream=None):
     check_one_value(b, op)
     if a.device == HOST:
         return host_results(a, _numpy.dequantize_fp8_per_tensor(a.data, b.data, out))
-    return run_gpu(a, s, _sym().run_dequantize, a.data, b.data, E4M3, out, "tensor")
+    return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, E4M3, out, "tensor")
 
 
 def dequantize_fp8_per_row(q, scale, dtype, *, stream=None):
@@ -241,7 +207,7 @@ def dequantize_fp8_per_row(q, scale, dtype, *, stream=None):
     v.check_shape(b, op, "scale", a.data.shape[:-1], "q.shape[:-1]")
     if a.device == HOST:
         return host_results(a, _numpy.dequantize_fp8_per_row(a.data, b.data, out))
-    return run_gpu(a, s, _sym().run_dequantize, a.data, b.data, E4M3, out, "row")
+    return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, E4M3, out, "row")
 
 
 def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128, *, stream=None):
@@ -268,7 +234,7 @@ def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128, *, stream=No
     v.check_shape(b, op, "scale", (m, -(-k // g)), f"[M, ceil(K / {g})]")
     if a.device == HOST:
         return host_results(a, _numpy.dequantize_fp8_per_token_group(a.data, b.data, out, g))
-    return run_gpu(a, s, _sym().run_dequantize, a.data, b.data, E4M3, out, "group", g)
+    return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, E4M3, out, "group", g)
 
 
 def dequantize_fp8_per_block(q, scale, dtype, block_size=BLOCK_SIZE, *, stream=None):
@@ -294,4 +260,4 @@ def dequantize_fp8_per_block(q, scale, dtype, block_size=BLOCK_SIZE, *, stream=N
     v.check_shape(b, op, "scale", (-(-n // 128), -(-k // 128)), "[ceil(N / 128), ceil(K / 128)]")
     if a.device == HOST:
         return host_results(a, _numpy.dequantize_fp8_per_block(a.data, b.data, out, BLOCK_SIZE))
-    return run_gpu(a, s, _sym().run_dequantize, a.data, b.data, E4M3, out, "tile")
+    return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, E4M3, out, "tile")

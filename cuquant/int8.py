@@ -6,11 +6,10 @@ a NaN quotient giving 0; dequantization is dtype(f32(q) * scale).
 
 from __future__ import annotations
 
-import numpy as np
 
-from . import _numpy
+from . import _numpy, _symmetric
 from ._dtypes import FLOATS, INT8
-from ._op import (HOST, check_one_value, contiguous, dequant_args, host_results, intake,
+from ._op import (HOST, check_one_value, dequant_args, host_results, intake,
                   run_gpu, same_place, scale_argument, stream_of, v)
 
 BLOCK_SIZES = (32, 64, 128, 256)
@@ -18,12 +17,6 @@ BLOCK_SIZES = (32, 64, 128, 256)
 __all__ = ["quantize_int8_per_tensor", "quantize_int8_per_channel", "quantize_int8_per_block",
            "smooth_quant", "dequantize_int8_per_tensor", "dequantize_int8_per_channel",
            "dequantize_int8_per_block", "BLOCK_SIZES"]
-
-
-def _sym():
-    from . import _symmetric
-
-    return _symmetric
 
 
 def _block_size(block_size, op):
@@ -64,7 +57,7 @@ def quantize_int8_per_tensor(x, scale=None, *, stream=None):
         value, device_scale = scale_argument(scale, op, a, s)
     if a.device == HOST:
         return host_results(a, _numpy.quantize_int8_per_tensor(a.data, value))
-    return run_gpu(a, s, _sym().run_tensor, a.data, t, INT8, value, device_scale)
+    return run_gpu(a, s, _symmetric.run_tensor, a.data, t, INT8, value, device_scale)
 
 
 def quantize_int8_per_channel(w, *, stream=None):
@@ -88,22 +81,8 @@ def quantize_int8_per_channel(w, *, stream=None):
     v.check_ndim(a, op, "w", 2, "[N, K]")
     if a.device == HOST:
         return host_results(a, _numpy.quantize_int8_per_channel(a.data))
-    return run_gpu(a, s, _gpu_rows, a.data, t)
+    return run_gpu(a, s, _symmetric.run_rows, a.data, t, INT8, _symmetric.ZERO_IS_ONE)
 
-
-def _gpu_rows(stream, w, t):
-    n, k = w.shape
-    if k == 0:
-        q, scale = _sym().quantize_row_groups(stream, contiguous(w), t, INT8, 0, 1)
-        return (q, False), (_ones(n), False)
-    q, scale = _sym().quantize_row_groups(stream, contiguous(w), t, INT8, 0, k)
-    return (q, False), (scale.reshape(n), False)
-
-
-def _ones(n):
-    from ._arrays import cupy_module
-
-    return cupy_module().ones((n,), dtype=np.float32)
 
 
 def quantize_int8_per_block(x, block_size=128, *, stream=None):
@@ -130,12 +109,8 @@ def quantize_int8_per_block(x, block_size=128, *, stream=None):
     v.check_ndim(a, op, "x", 2, "[M, K]")
     if a.device == HOST:
         return host_results(a, _numpy.quantize_int8_per_block(a.data, bs))
-    return run_gpu(a, s, _gpu_blocks, a.data, t, bs)
+    return run_gpu(a, s, _symmetric.run_groups, a.data, t, INT8, _symmetric.ZERO_IS_ONE, bs)
 
-
-def _gpu_blocks(stream, x, t, bs):
-    q, scale = _sym().quantize_row_groups(stream, contiguous(x), t, INT8, 0, bs)
-    return (q, False), (scale, False)
 
 
 def smooth_quant(x, smooth, *, stream=None):
@@ -166,17 +141,9 @@ def smooth_quant(x, smooth, *, stream=None):
     same_place(op, ("x", a), ("smooth", b))
     if a.device == HOST:
         return host_results(a, _numpy.smooth_quant(a.data, b.data))
-    return run_gpu(a, s, _gpu_smooth, a.data, t, b.data)
+    return run_gpu(a, s, _symmetric.run_rows, a.data, t, INT8, _symmetric.ZERO_IS_ONE,
+                   smooth=b.data)
 
-
-def _gpu_smooth(stream, x, t, smooth):
-    m, k = x.shape
-    if k == 0:
-        q, _ = _sym().quantize_row_groups(stream, contiguous(x), t, INT8, 0, 1)
-        return (q, False), (_ones(m), False)
-    q, scale = _sym().quantize_row_groups(stream, contiguous(x), t, INT8, 0, k,
-                                          smooth=contiguous(smooth))
-    return (q, False), (scale.reshape(m), False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -201,7 +168,7 @@ def dequantize_int8_per_tensor(q, scale, dtype, *, stream=None):
     check_one_value(b, op)
     if a.device == HOST:
         return host_results(a, _numpy.dequantize_int8_per_tensor(a.data, b.data, out))
-    return run_gpu(a, s, _sym().run_dequantize, a.data, b.data, INT8, out, "tensor")
+    return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, INT8, out, "tensor")
 
 
 def dequantize_int8_per_channel(q, scale, dtype, *, stream=None):
@@ -224,7 +191,7 @@ def dequantize_int8_per_channel(q, scale, dtype, *, stream=None):
     v.check_shape(b, op, "scale", (a.data.shape[0],), "[N], N the rows of q")
     if a.device == HOST:
         return host_results(a, _numpy.dequantize_int8_per_channel(a.data, b.data, out))
-    return run_gpu(a, s, _sym().run_dequantize, a.data, b.data, INT8, out, "row")
+    return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, INT8, out, "row")
 
 
 def dequantize_int8_per_block(q, scale, dtype, block_size=128, *, stream=None):
@@ -251,4 +218,4 @@ def dequantize_int8_per_block(q, scale, dtype, block_size=128, *, stream=None):
     v.check_shape(b, op, "scale", (m, -(-k // bs)), f"[M, ceil(K / {bs})]")
     if a.device == HOST:
         return host_results(a, _numpy.dequantize_int8_per_block(a.data, b.data, out, bs))
-    return run_gpu(a, s, _sym().run_dequantize, a.data, b.data, INT8, out, "group", bs)
+    return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, INT8, out, "group", bs)
