@@ -160,6 +160,19 @@ template <> __device__ __forceinline__ bfloat16 from_f32<bfloat16>(float v) {
     return h;
 }
 
+// Two floats rounded to a 16-bit type and packed, lo in the low half (one instruction).
+template <typename T> __device__ __forceinline__ u32 pack_pair(float lo, float hi);
+template <> __device__ __forceinline__ u32 pack_pair<half>(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <> __device__ __forceinline__ u32 pack_pair<bfloat16>(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
 // |v| as float bits; a NaN stays above every number, so an unsigned max of these bits is
 // the NaN-propagating, subnormal-keeping maximum of |v|.
 template <typename T> __device__ __forceinline__ u32 abs_bits(T v);
@@ -394,19 +407,27 @@ __device__ __forceinline__ void decode_vec(const Vec<typename Code::T, VEC>& c, 
 // Rounds two floats to the output type (one packed conversion for 16-bit types).
 template <typename T>
 __device__ __forceinline__ void convert_pair(float lo, float hi, T& a, T& b) {
-    if constexpr (IsSame<T, half>::value) {
-        u32 r;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-        a.bits = (u16)(r & 0xffffu);
-        b.bits = (u16)(r >> 16);
-    } else if constexpr (IsSame<T, bfloat16>::value) {
-        u32 r;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    if constexpr (IsSame<T, half>::value || IsSame<T, bfloat16>::value) {
+        const u32 r = pack_pair<T>(lo, hi);
         a.bits = (u16)(r & 0xffffu);
         b.bits = (u16)(r >> 16);
     } else {
         a = from_f32<T>(lo);
         b = from_f32<T>(hi);
+    }
+}
+
+// Rounds N floats (N even for 16-bit types) to the output type, straight into the vector's
+// words, so that no 16-bit halves are shuffled after the conversion.
+template <typename T, int N>
+__device__ __forceinline__ void convert_vec(const float* f, Vec<T, N>& out) {
+    if constexpr ((IsSame<T, half>::value || IsSame<T, bfloat16>::value) && N % 2 == 0) {
+        u32* w = reinterpret_cast<u32*>(&out);
+#pragma unroll
+        for (int k = 0; k < N / 2; ++k) w[k] = pack_pair<T>(f[2 * k], f[2 * k + 1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out.v[i] = from_f32<T>(f[i]);
     }
 }
 

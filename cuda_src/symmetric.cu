@@ -8,7 +8,7 @@
 //                        then quantize, keeping the first CACHE vectors per thread on chip
 //   quantize_static      a given scale
 //   quantize_tiles       128x128 tiles (DeepSeek-V3 weight blocks)
-//   dequantize_scaled    codes times the scale of their row / group / tile / tensor
+//   dequantize_scaled    codes times the scale of their tensor / row / group / tile
 #include "common.cuh"
 
 namespace cq {
@@ -31,14 +31,6 @@ __device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec_div(const Vec
     return out;
 }
 
-// The same out of line, for groups whose scale is 0, huge, inf or NaN (rare): keeps the
-// fast path's registers free.
-template <typename Tin, typename Code, int VEC>
-__device__ __noinline__ Vec<typename Code::T, VEC> quantize_vec_rare(const Vec<Tin, VEC> x,
-                                                                     float b) {
-    return quantize_vec_div<Tin, Code, VEC>(x, b);
-}
-
 // A scale that came from the group's own maximum: |x / scale| <= 448 (1 + 2**-23).
 template <typename Tin, typename Code, int VEC, bool SCALED>
 __device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec_fast(const Vec<Tin, VEC>& x,
@@ -55,7 +47,7 @@ __device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec_fast(const Ve
 template <typename Tin, typename Code, int VEC>
 __device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec(const Vec<Tin, VEC>& x,
                                                                    const DivPlan& p) {
-    if (p.exact) return quantize_vec_rare<Tin, Code, VEC>(x, p.b_orig);
+    if (p.exact) return quantize_vec_div<Tin, Code, VEC>(x, p.b_orig);  // scale 0, inf, NaN
     if (p.scaled) return quantize_vec_fast<Tin, Code, VEC, true>(x, p);
     return quantize_vec_fast<Tin, Code, VEC, false>(x, p);
 }
@@ -82,116 +74,145 @@ load_group_vec(const Tin* x, const float* smooth) {
     }
 }
 
-// Threads of a block, and blocks per multiprocessor the compiler must fit (at most 64
-// registers a thread), so that enough loads are in flight while other blocks compute.
-template <int TPG> struct BlockThreads {
-    enum { value = TPG > 256 ? TPG : 256, min_blocks = 1024 / (TPG > 256 ? TPG : 256) };
+// Threads of a block, and blocks per multiprocessor the compiler must fit: 768 threads
+// (85 registers each) hold two iterations of loads; SmoothQuant, which holds float32
+// values too, 512 threads.
+template <int TPG, bool SMOOTH> struct BlockThreads {
+    enum {
+        value = TPG > 256 ? TPG : 256,
+        min_blocks = (SMOOTH ? 512 : 768) / (TPG > 256 ? TPG : 256) > 0
+                         ? (SMOOTH ? 512 : 768) / (TPG > 256 ? TPG : 256) : 1
+    };
+};
+
+// The group a thread run works on in one iteration: its raw vectors and where they go.
+template <typename Tin, int VEC, int NV>
+struct GroupSlot {
+    Vec<Tin, VEC> v[NV];
+    i64 offset, sidx, len;
+    bool last_row;
 };
 
 // ---------------------------------------------------------------------------------------
 // Row groups. The input is [rows, K]; each row is cut into groups of G elements (the last
 // may be shorter). A run of TPG threads owns one group at a time, each thread VPT vectors
-// of it; GPI groups are loaded before the first is reduced, so GPI * VPT loads are in
-// flight per thread. VPT == 0 streams groups too long to hold (two reads). SMOOTH divides
-// x by smooth[k] before anything else (G must then be K).
-template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, int GPI, bool SMOOTH>
-__global__ void __launch_bounds__(BlockThreads<TPG>::value, BlockThreads<TPG>::min_blocks)
+// of it. The grid is persistent and the next group's loads are issued before the current
+// one is reduced and stored, so the
+// memory system stays busy while a block computes. VPT == 0 streams groups too long to
+// hold (two reads). SMOOTH divides x by smooth[k] first (G must then be K).
+template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, bool SMOOTH>
+__global__ void __launch_bounds__(BlockThreads<TPG, SMOOTH>::value, BlockThreads<TPG, SMOOTH>::min_blocks)
 quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                     float* __restrict__ scale, const float* __restrict__ smooth,
                     i64 rows, i64 K, i64 G, i64 groups_per_row, u32 gpr_magic, u32 gpr_shift,
                     i64 scale_row_stride, i64 scale_group_stride, i64 scale_pad_rows,
                     float inv_qmax, float eps) {
     typedef typename Code::T CodeT;
-    typedef typename Conditional<SMOOTH, float, Tin>::type Tv;   // what a thread holds
-    constexpr int THREADS = BlockThreads<TPG>::value, SLOTS = THREADS / TPG;
+    typedef typename Conditional<SMOOTH, float, Tin>::type Tv;   // what is quantized
+    constexpr int THREADS = BlockThreads<TPG, SMOOTH>::value, SLOTS = THREADS / TPG;
     constexpr int NV = VPT > 0 ? VPT : 1;
     __shared__ u32 scratch[THREADS / 32];
     const int lane = threadIdx.x % TPG, slot = threadIdx.x / TPG;
     const FastDiv gdiv{groups_per_row, gpr_magic, gpr_shift};
     const i64 total = rows * groups_per_row;
     const u32 eps_bits = f2u(eps);
-
-    for (i64 base = (i64)blockIdx.x * SLOTS * GPI; base < total;
-         base += (i64)gridDim.x * SLOTS * GPI) {
-        Vec<Tv, VEC> buf[GPI][NV];
-        i64 offset[GPI], sidx[GPI], len[GPI];
-        bool last_row[GPI];
+    const i64 stride = (i64)gridDim.x * SLOTS;
+    // Where this run's group of the iteration at `base` lies; loads its vectors (VPT > 0).
+    auto fetch = [&](GroupSlot<Tin, VEC, NV>& grp, i64 base) {
+        const i64 gid = base + slot;
+        const bool live = gid < total;
+        const i64 r = live ? gdiv.div(gid) : 0;
+        const i64 g = gid - r * groups_per_row;
+        const i64 start = g * G;
+        grp.offset = r * K + start;
+        grp.sidx = r * scale_row_stride + g * scale_group_stride;
+        grp.len = live ? (K - start < G ? K - start : G) : 0;
+        grp.last_row = live && r == rows - 1;
+        if constexpr (VPT > 0) {
 #pragma unroll
-        for (int u = 0; u < GPI; ++u) {
-            const i64 gid = base + (i64)u * SLOTS + slot;
-            const bool live = gid < total;
-            const i64 r = live ? gdiv.div(gid) : 0;
-            const i64 g = gid - r * groups_per_row;
-            const i64 start = g * G;
-            offset[u] = r * K + start;
-            sidx[u] = r * scale_row_stride + g * scale_group_stride;
-            len[u] = live ? (K - start < G ? K - start : G) : 0;
-            last_row[u] = live && r == rows - 1;
-            if constexpr (VPT > 0) {
-#pragma unroll
-                for (int j = 0; j < VPT; ++j) {
-                    const i64 e = (i64)(lane + j * TPG) * VEC;
-                    if (e < len[u])
-                        buf[u][j] = load_group_vec<Tin, VEC, SMOOTH>(x + offset[u] + e, smooth + e);
-                }
+            for (int j = 0; j < VPT; ++j) {
+                const i64 e = (i64)(lane + j * TPG) * VEC;
+                if (e < grp.len) grp.v[j] = load_vec<Tin, VEC>(x + grp.offset + e);
             }
         }
-#pragma unroll
-        for (int u = 0; u < GPI; ++u) {
-            AbsMax<Tv> acc;
-            constexpr int U = 4;  // loads in flight when streaming
-            if constexpr (VPT > 0) {
-#pragma unroll
-                for (int j = 0; j < VPT; ++j)
-                    if ((i64)(lane + j * TPG) * VEC < len[u]) acc.add(buf[u][j]);
-            } else {
-                for (i64 e0 = (i64)lane * VEC; e0 < len[u]; e0 += (i64)U * TPG * VEC) {
-                    Vec<Tv, VEC> tmp[U];
-#pragma unroll
-                    for (int k = 0; k < U; ++k) {
-                        const i64 e = e0 + (i64)k * TPG * VEC;
-                        if (e < len[u])
-                            tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + offset[u] + e, smooth + e);
-                    }
-#pragma unroll
-                    for (int k = 0; k < U; ++k)
-                        if (e0 + (i64)k * TPG * VEC < len[u]) acc.add(tmp[k]);
-                }
-            }
-            const u32 amax = group_max<TPG>(acc.bits(), scratch);
-            const float s = scale_from_amax<RULE>(amax, inv_qmax, eps_bits);
-            if (len[u] > 0 && lane == 0) {
-                scale[sidx[u]] = s;
-                if (last_row[u]) {  // the column layout's padding rows
+    };
+
+    // The group's scale from its maximum; written out (with the column layout's padding).
+    auto finish_scale = [&](u32 amax, const GroupSlot<Tin, VEC, NV>& grp) {
+        const float s = scale_from_amax<RULE>(amax, inv_qmax, eps_bits);
+        if (grp.len > 0 && lane == 0) {
+            scale[grp.sidx] = s;
+            if (grp.last_row) {
 #pragma unroll 1
-                    for (i64 p = 1; p <= scale_pad_rows; ++p) scale[sidx[u] + p * scale_row_stride] = 0.0f;
+                for (i64 p = 1; p <= scale_pad_rows; ++p) scale[grp.sidx + p * scale_row_stride] = 0.0f;
+            }
+        }
+        return s;
+    };
+
+    GroupSlot<Tin, VEC, NV> cur;
+    i64 base = (i64)blockIdx.x * SLOTS;
+    fetch(cur, base);
+    for (; base < total; base += stride) {
+        if constexpr (VPT > 0) {
+            GroupSlot<Tin, VEC, NV> nxt;
+            fetch(nxt, base + stride);  // in flight while this group is computed
+            Vec<Tv, VEC> val[NV];
+            AbsMax<Tv> acc;
+#pragma unroll
+            for (int j = 0; j < VPT; ++j) {
+                const i64 e = (i64)(lane + j * TPG) * VEC;
+                if (e < cur.len) {
+                    if constexpr (SMOOTH) {
+                        val[j] = smooth_vec<Tin, VEC>(cur.v[j], load_vec<float, VEC>(smooth + e).v);
+                    } else {
+                        val[j] = cur.v[j];
+                    }
+                    acc.add(val[j]);
                 }
             }
+            const float s = finish_scale(group_max<TPG>(acc.bits(), scratch), cur);
             const DivPlan plan = plan_division(s);
-            if constexpr (VPT > 0) {
 #pragma unroll
-                for (int j = 0; j < VPT; ++j) {
-                    const i64 e = (i64)(lane + j * TPG) * VEC;
-                    if (e < len[u])
-                        store_vec<CodeT, VEC>(q + offset[u] + e, quantize_vec<Tv, Code, VEC>(buf[u][j], plan));
+            for (int j = 0; j < VPT; ++j) {
+                const i64 e = (i64)(lane + j * TPG) * VEC;
+                if (e < cur.len)
+                    store_vec<CodeT, VEC>(q + cur.offset + e, quantize_vec<Tv, Code, VEC>(val[j], plan));
+            }
+            cur = nxt;
+        } else {
+            // Streamed: the group is read twice (the second read mostly hits L2).
+            constexpr int U = 4;
+            const i64 off = cur.offset, len = cur.len;
+            AbsMax<Tv> acc;
+            for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
+                Vec<Tv, VEC> tmp[U];
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const i64 e = e0 + (i64)k * TPG * VEC;
+                    if (e < len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e);
                 }
-            } else {
-                for (i64 e0 = (i64)lane * VEC; e0 < len[u]; e0 += (i64)U * TPG * VEC) {
-                    Vec<Tv, VEC> tmp[U];
 #pragma unroll
-                    for (int k = 0; k < U; ++k) {
-                        const i64 e = e0 + (i64)k * TPG * VEC;
-                        if (e < len[u])
-                            tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + offset[u] + e, smooth + e);
-                    }
+                for (int k = 0; k < U; ++k)
+                    if (e0 + (i64)k * TPG * VEC < len) acc.add(tmp[k]);
+            }
+            const float s = finish_scale(group_max<TPG>(acc.bits(), scratch), cur);
+            const DivPlan plan = plan_division(s);
+            for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
+                Vec<Tv, VEC> tmp[U];
 #pragma unroll
-                    for (int k = 0; k < U; ++k) {
-                        const i64 e = e0 + (i64)k * TPG * VEC;
-                        if (e < len[u])
-                            store_vec<CodeT, VEC>(q + offset[u] + e, quantize_vec<Tv, Code, VEC>(tmp[k], plan));
-                    }
+                for (int k = 0; k < U; ++k) {
+                    const i64 e = e0 + (i64)k * TPG * VEC;
+                    if (e < len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e);
+                }
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const i64 e = e0 + (i64)k * TPG * VEC;
+                    if (e < len)
+                        store_vec<CodeT, VEC>(q + off + e, quantize_vec<Tv, Code, VEC>(tmp[k], plan));
                 }
             }
+            fetch(cur, base + stride);
         }
     }
 }
@@ -272,27 +293,30 @@ quantize_tensor(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 
 // ---------------------------------------------------------------------------------------
 // A given scale: *scale_ptr when scale_ptr is set, else scale_value (then also written to
-// scale_out[0]). Any dividend may meet any divisor here, so the division is div.rn.
+// scale_out[0]). Any dividend may meet any divisor here, so the division is div.rn. Each
+// block takes a contiguous chunk of UNROLL * 256 vectors at a time.
 template <typename Tin, typename Code, int VEC>
 __global__ void __launch_bounds__(256)
 quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                 const float* __restrict__ scale_ptr, float scale_value,
                 float* __restrict__ scale_out, i64 n) {
     typedef typename Code::T CodeT;
-    constexpr int THREADS = 256, UNROLL = 4;
+    constexpr int THREADS = 256, UNROLL = 4, CHUNK = THREADS * UNROLL;
     const float b = scale_ptr ? *scale_ptr : scale_value;
     if (scale_out && blockIdx.x == 0 && threadIdx.x == 0) scale_out[0] = b;
     const i64 nvec = n / VEC, tail = n - nvec * VEC;
-    const i64 stride = (i64)gridDim.x * THREADS;
-    for (i64 v0 = (i64)blockIdx.x * THREADS + threadIdx.x; v0 < nvec; v0 += UNROLL * stride) {
+    for (i64 c = (i64)blockIdx.x * CHUNK; c < nvec; c += (i64)gridDim.x * CHUNK) {
         Vec<Tin, VEC> tmp[UNROLL];
 #pragma unroll
-        for (int k = 0; k < UNROLL; ++k)
-            if (v0 + k * stride < nvec) tmp[k] = load_vec<Tin, VEC>(x + (v0 + k * stride) * VEC);
+        for (int k = 0; k < UNROLL; ++k) {
+            const i64 v = c + k * THREADS + threadIdx.x;
+            if (v < nvec) tmp[k] = load_vec<Tin, VEC>(x + v * VEC);
+        }
 #pragma unroll
-        for (int k = 0; k < UNROLL; ++k)
-            if (v0 + k * stride < nvec)
-                store_vec<CodeT, VEC>(q + (v0 + k * stride) * VEC, quantize_vec_div<Tin, Code, VEC>(tmp[k], b));
+        for (int k = 0; k < UNROLL; ++k) {
+            const i64 v = c + k * THREADS + threadIdx.x;
+            if (v < nvec) store_vec<CodeT, VEC>(q + v * VEC, quantize_vec_div<Tin, Code, VEC>(tmp[k], b));
+        }
     }
     if (blockIdx.x == 0 && threadIdx.x < tail) {
         const i64 i = nvec * VEC + threadIdx.x;
@@ -301,80 +325,111 @@ quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 }
 
 // ---------------------------------------------------------------------------------------
-// 128x128 tiles of an [N, K] matrix, edge tiles partial; one block per tile, the tile held
-// in registers (64 elements a thread). scale is [tiles_n, tiles_k] row-major.
+// 128x128 tiles of an [N, K] matrix, edge tiles partial. A block of 512 threads owns one
+// tile at a time (32 elements a thread, in registers) and loads its next tile before it
+// reduces and stores the current one; the grid is persistent. scale is [tiles_n, tiles_k].
+template <typename Tin> struct TileBlocks { enum { min_blocks = sizeof(Tin) == 2 ? 2 : 1 }; };
+
+
 template <typename Tin, typename Code, int VEC>
-__global__ void __launch_bounds__(256, 3)
+__global__ void __launch_bounds__(512, TileBlocks<Tin>::min_blocks)
 quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                float* __restrict__ scale, i64 N, i64 K, i64 tiles_n, i64 tiles_k, float inv_qmax) {
     typedef typename Code::T CodeT;
-    constexpr int THREADS = 256, TILE = 128, COLV = TILE / VEC, RPP = THREADS / COLV,
+    constexpr int THREADS = 512, TILE = 128, COLV = TILE / VEC, RPP = THREADS / COLV,
                   PASSES = TILE / RPP;
     __shared__ u32 scratch[THREADS / 32];
     const int cv = threadIdx.x % COLV, r0 = threadIdx.x / COLV;
-    for (i64 t = blockIdx.x; t < tiles_n * tiles_k; t += gridDim.x) {
+    const i64 ntiles = tiles_n * tiles_k;
+
+    struct Tile {
+        Vec<Tin, VEC> v[PASSES];
+        i64 off, rows_left;
+        bool col_ok;
+    };
+    auto fetch = [&](Tile& tile, i64 t) {
         const i64 tn = t / tiles_k, tk = t - tn * tiles_k;
         const i64 col = tk * TILE + (i64)cv * VEC;
-        const bool col_ok = col < K;
-        const Tin* src = x + (tn * TILE + r0) * K + col;
-        CodeT* dst = q + (tn * TILE + r0) * K + col;
-        const i64 rows_left = N - tn * TILE - r0;
-        Vec<Tin, VEC> buf[PASSES];
+        tile.col_ok = t < ntiles && col < K;
+        tile.off = (tn * TILE + r0) * K + col;
+        tile.rows_left = N - tn * TILE - r0;
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p)
+            if (tile.col_ok && p * RPP < tile.rows_left)
+                tile.v[p] = load_vec<Tin, VEC>(x + tile.off + (i64)p * RPP * K);
+    };
+
+    Tile cur;
+    i64 t = blockIdx.x;
+    fetch(cur, t);
+    for (; t < ntiles; t += gridDim.x) {
+        Tile nxt;
+        fetch(nxt, t + gridDim.x);
         AbsMax<Tin> acc;
 #pragma unroll
         for (int p = 0; p < PASSES; ++p)
-            if (col_ok && p * RPP < rows_left) buf[p] = load_vec<Tin, VEC>(src + (i64)p * RPP * K);
-#pragma unroll
-        for (int p = 0; p < PASSES; ++p)
-            if (col_ok && p * RPP < rows_left) acc.add(buf[p]);
+            if (cur.col_ok && p * RPP < cur.rows_left) acc.add(cur.v[p]);
         const u32 amax = group_max<THREADS>(acc.bits(), scratch);
         const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
         if (threadIdx.x == 0) scale[t] = s;
         const DivPlan plan = plan_division(s);
 #pragma unroll
         for (int p = 0; p < PASSES; ++p)
-            if (col_ok && p * RPP < rows_left)
-                store_vec<CodeT, VEC>(dst + (i64)p * RPP * K, quantize_vec<Tin, Code, VEC>(buf[p], plan));
+            if (cur.col_ok && p * RPP < cur.rows_left)
+                store_vec<CodeT, VEC>(q + cur.off + (i64)p * RPP * K, quantize_vec<Tin, Code, VEC>(cur.v[p], plan));
+        cur = nxt;
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// Dequantization of an [rows, K] code matrix (K % VEC == 0): element (r, c) takes
-// scale[(r >> row_shift) * srs + (c >> col_shift) * scs]; a shift of 63 drops the axis.
-// x = Tout(f32(code) * scale), the product rounded once to float32.
-template <typename Code, typename Tout, int VEC>
+// Dequantization of an [rows, K] code matrix (K % VEC == 0). MODE says where an element's
+// scale is: TENSOR scale[0]; ROW scale[r * srs]; GROUP scale[r * srs + (c >> shift) * scs];
+// TILE scale[(r >> 7) * srs + (c >> 7) * scs]. x = Tout(f32(code) * scale), the product
+// rounded once to float32. Each block takes a contiguous chunk of UNROLL * 256 vectors.
+enum ScaleMode { PER_TENSOR = 0, PER_ROW = 1, PER_GROUP = 2, PER_TILE = 3 };
+
+template <typename Code, typename Tout, int VEC, int MODE>
 __global__ void __launch_bounds__(256)
 dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restrict__ scale,
                   Tout* __restrict__ out, i64 rows, i64 kv, u32 kv_magic, u32 kv_shift,
-                  i64 row_shift, i64 col_shift, i64 srs, i64 scs) {
+                  i64 col_shift, i64 srs, i64 scs) {
     typedef typename Code::T CodeT;
-    constexpr int THREADS = 256, UNROLL = 4;
+    constexpr int THREADS = 256, UNROLL = 4, CHUNK = THREADS * UNROLL;
     const FastDiv kd{kv, kv_magic, kv_shift};
     const i64 nvec = rows * kv;
-    const i64 stride = (i64)gridDim.x * THREADS;
-    for (i64 v0 = (i64)blockIdx.x * THREADS + threadIdx.x; v0 < nvec; v0 += UNROLL * stride) {
+    const float s0 = MODE == PER_TENSOR ? scale[0] : 0.0f;
+    for (i64 c0 = (i64)blockIdx.x * CHUNK; c0 < nvec; c0 += (i64)gridDim.x * CHUNK) {
         Vec<CodeT, VEC> codes[UNROLL];
         float s[UNROLL];
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
-            const i64 v = v0 + k * stride;
+            const i64 v = c0 + k * THREADS + threadIdx.x;
             if (v < nvec) {
                 codes[k] = load_vec<CodeT, VEC>(q + v * VEC);
-                const i64 r = kd.div(v), c = (v - r * kv) * VEC;
-                s[k] = scale[(r >> row_shift) * srs + (c >> col_shift) * scs];
+                if constexpr (MODE == PER_TENSOR) {
+                    s[k] = s0;
+                } else {
+                    const i64 r = kd.div(v);
+                    if constexpr (MODE == PER_ROW) {
+                        s[k] = scale[r * srs];
+                    } else {
+                        const i64 c = (v - r * kv) * VEC;
+                        s[k] = MODE == PER_GROUP ? scale[r * srs + (c >> col_shift) * scs]
+                                                 : scale[(r >> 7) * srs + (c >> 7) * scs];
+                    }
+                }
             }
         }
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
-            const i64 v = v0 + k * stride;
+            const i64 v = c0 + k * THREADS + threadIdx.x;
             if (v < nvec) {
                 float f[VEC];
                 decode_vec<Code, VEC>(codes[k], f);
-                Vec<Tout, VEC> o;
 #pragma unroll
-                for (int i = 0; i + 1 < VEC; i += 2)
-                    convert_pair<Tout>(mul_rn(f[i], s[k]), mul_rn(f[i + 1], s[k]), o.v[i], o.v[i + 1]);
-                if (VEC % 2) o.v[VEC - 1] = from_f32<Tout>(mul_rn(f[VEC - 1], s[k]));
+                for (int i = 0; i < VEC; ++i) f[i] = mul_rn(f[i], s[k]);
+                Vec<Tout, VEC> o;
+                convert_vec<Tout, VEC>(f, o);
                 store_vec<Tout, VEC>(out + v * VEC, o);
             }
         }

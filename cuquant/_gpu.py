@@ -4,6 +4,7 @@ and run-time divisors. Imported lazily by the ops, only when a CUDA array arrive
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 
@@ -19,20 +20,25 @@ NULL = np.uint64(0)  # a null pointer argument
 
 def stream_arg(stream, op: str):
     """The stream= argument as a CuPy stream (None: the current CuPy stream at launch).
-    Accepts a CuPy stream, anything with a `cuda_stream` handle (torch.cuda.Stream) or a
-    raw cudaStream_t as an int."""
+    Accepts a CuPy stream, an object speaking the CUDA stream protocol (`__cuda_stream__`)
+    or holding a handle (`cuda_stream`, as torch.cuda.Stream does), or a raw cudaStream_t
+    as an int."""
     if stream is None:
         return None
     cp = require_cupy(op)
     if isinstance(stream, cp.cuda.Stream) or isinstance(stream, cp.cuda.ExternalStream):
         return stream
+    if hasattr(stream, "__cuda_stream__") and hasattr(cp.cuda.Stream, "from_external"):
+        return cp.cuda.Stream.from_external(stream)
     handle = getattr(stream, "cuda_stream", stream)
     if isinstance(handle, bool) or not isinstance(handle, (int, np.integer)):
         raise TypeError(
             f"{op}: stream must be a CuPy stream, a torch.cuda.Stream or a cudaStream_t "
             f"handle (int); got {type(stream).__name__}"
         )
-    return cp.cuda.ExternalStream(int(handle))
+    with warnings.catch_warnings():  # the one way CuPy takes a bare handle
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cp.cuda.ExternalStream(int(handle))
 
 
 def run(like, stream, fn, *args, **kwargs):

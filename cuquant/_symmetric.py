@@ -24,15 +24,10 @@ ZERO_IS_ONE, FLOOR_EPS, FLOOR_EPS_POW2 = 0, 1, 2
 
 TENSOR_CACHE = 4  # vectors per thread the per-tensor kernel keeps on chip
 
-# (threads per group, vectors per thread, groups per iteration). Four vectors a thread keep
-# four 16-byte loads in flight and amortize the per-group work; vectors per thread 0 means
-# the group is streamed (read twice) instead of held.
-GEOMETRIES = (
-    [(1, 1, 4), (1, 2, 2)]
-    + [(1 << i, 4, 1) for i in range(11)]                   # up to 4096 vectors
-    + [(1024, 8, 1)]                                        # up to 8192 vectors
-    + [(1024, 0, 1)]                                        # longer: streamed
-)
+# (threads per group, vectors per thread). Four vectors a thread keep four 16-byte loads in
+# flight besides the next group's, and amortize the per-group work; vectors per thread 0
+# means the group is streamed (read twice) instead of held.
+GEOMETRIES = ([(1, 1), (1, 2)] + [(1 << i, 4) for i in range(11)] + [(1024, 0)])
 
 # (code, rule, smooth) combinations the public ops use.
 ROW_GROUP_KINDS = (
@@ -48,15 +43,13 @@ def vector_width(t: FloatType) -> int:
     return 16 // t.numpy.itemsize
 
 
-def geometry(nvec: int) -> tuple[int, int, int]:
+def geometry(nvec: int) -> tuple[int, int]:
     """The geometry for groups of up to `nvec` vectors."""
     if nvec <= 2:
-        return (1, nvec, 4 // nvec) if nvec else (1, 1, 4)
+        return (1, max(nvec, 1))
     if nvec <= 4096:
-        return (1 << (-(-nvec // 4) - 1).bit_length(), 4, 1)
-    if nvec <= 8192:
-        return (1024, 8, 1)
-    return (1024, 0, 1)
+        return (1 << (-(-nvec // 4) - 1).bit_length(), 4)
+    return (1024, 0)
 
 
 def _b(v: bool) -> str:
@@ -64,9 +57,8 @@ def _b(v: bool) -> str:
 
 
 def row_groups_expr(t: FloatType, code: CodeType, rule: int, vec: int, geom, smooth: bool) -> str:
-    tpg, vpt, gpi = geom
-    return (f"cq::quantize_row_groups<{t.cxx}, {code.cxx}, {rule}, {vec}, {tpg}, {vpt}, "
-            f"{gpi}, {_b(smooth)}>")
+    tpg, vpt = geom
+    return f"cq::quantize_row_groups<{t.cxx}, {code.cxx}, {rule}, {vec}, {tpg}, {vpt}, {_b(smooth)}>"
 
 
 def tensor_expr(t: FloatType, code: CodeType, vec: int) -> str:
@@ -81,8 +73,12 @@ def tiles_expr(t: FloatType, code: CodeType, vec: int) -> str:
     return f"cq::quantize_tiles<{t.cxx}, {code.cxx}, {vec}>"
 
 
-def dequant_expr(code: CodeType, out: FloatType, vec: int) -> str:
-    return f"cq::dequantize_scaled<{code.cxx}, {out.cxx}, {vec}>"
+# Where a dequantized element's scale is (cuda_src/symmetric.cu, ScaleMode).
+PER_TENSOR, PER_ROW, PER_GROUP, PER_TILE = 0, 1, 2, 3
+
+
+def dequant_expr(code: CodeType, out: FloatType, vec: int, mode: int) -> str:
+    return f"cq::dequantize_scaled<{code.cxx}, {out.cxx}, {vec}, {mode}>"
 
 
 def specializations():
@@ -95,8 +91,9 @@ def specializations():
                 yield SRC, tensor_expr(t, code, vec)
                 yield SRC, static_expr(t, code, vec)
             yield SRC, tiles_expr(t, E4M3, vec)
-    for code, out, vec in itertools.product((INT8, E4M3), FLOATS.values(), (16, 1)):
-        yield SRC, dequant_expr(code, out, vec)
+    for code, out, vec, mode in itertools.product((INT8, E4M3), FLOATS.values(), (16, 1),
+                                                  (PER_TENSOR, PER_ROW, PER_GROUP, PER_TILE)):
+        yield SRC, dequant_expr(code, out, vec, mode)
 
 
 _plans: dict = {}
@@ -117,10 +114,10 @@ def _row_groups_plan(t, code, rule, k, group, vec, smooth, device):
     gpr = -(-k // group)
     geom = geometry(-(-min(group, k) // vec))
     fn = _kernels.function(SRC, row_groups_expr(t, code, rule, vec, geom, smooth), device)
-    tpg, _, gpi = geom
-    threads = max(tpg, 256)
+    threads = max(geom[0], 256)
     magic, shift = _gpu.fastdiv(gpr)
-    return fn, threads, (threads // tpg) * gpi, gpr, magic, shift
+    resident = _gpu.resident_blocks(fn, device, threads)
+    return fn, threads, threads // geom[0], gpr, magic, shift, resident
 
 
 def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
@@ -138,7 +135,7 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
     if plan is None:
         plan = _plans[key] = _row_groups_plan(t, code, rule, k, group, vec, smooth is not None,
                                               device)
-    fn, threads, per_block, gpr, magic, shift = plan
+    fn, threads, per_block, gpr, magic, shift, resident = plan
     q = cp.empty((rows, k), dtype=_code_dtype(code))
     if scale_layout == "column":
         m4 = -(-rows // 4) * 4
@@ -152,7 +149,7 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
         if pad:
             buf.fill(0)
         return q, scale
-    grid = min(-(-(rows * gpr) // per_block), 1 << 20)
+    grid = min(-(-(rows * gpr) // per_block), resident)  # persistent: loops over groups
     fn((grid,), (threads,),
        (x, q, buf, _gpu.NULL if smooth is None else smooth, rows, k, group, gpr, magic, shift,
         srs, sgs, pad, code.inv_qmax, eps))
@@ -215,36 +212,41 @@ def quantize_tiles(stream, w, t: FloatType, code: CodeType):
     vec = 16 // t.numpy.itemsize
     if k % vec or w.data.ptr % 16:
         vec = 1
-    fn = _kernels.function(SRC, tiles_expr(t, code, vec), w.data.device_id)
-    fn((min(tn * tk, 1 << 20),), (256,), (w, q, scale, n, k, tn, tk, code.inv_qmax))
+    device = w.data.device_id
+    key = ("tiles", t.name, code.name, vec, device)
+    plan = _plans.get(key)
+    if plan is None:
+        fn = _kernels.function(SRC, tiles_expr(t, code, vec), device)
+        plan = _plans[key] = (fn, _gpu.resident_blocks(fn, device, 512))
+    fn, resident = plan
+    fn((min(tn * tk, resident),), (512,), (w, q, scale, n, k, tn, tk, code.inv_qmax))
     return q, scale
 
 
-NO_AXIS = 63  # a shift that maps every index of an axis to 0
-
-
-def dequantize(stream, q, scale, code: CodeType, out: FloatType, row_shift: int, col_shift: int):
-    """q: C-contiguous [rows, K] codes; scale: float32, 1-D or 2-D with element strides
-    (r >> row_shift) and (c >> col_shift) along its axes."""
+def dequantize(stream, q, scale, code: CodeType, out: FloatType, mode: int, group: int = 0):
+    """q: C-contiguous [rows, K] codes; scale: float32, one element (PER_TENSOR), [rows]
+    (PER_ROW), [rows, ceil(K/group)] (PER_GROUP) or [ceil(rows/128), ceil(K/128)]
+    (PER_TILE), any strides."""
     cp = cupy_module()
     rows, k = q.shape
     res = cp.empty((rows, k), dtype=out.numpy)
     if rows == 0 or k == 0:
         return res
     strides = scale.strides
-    srs = strides[0] // 4 if row_shift != NO_AXIS else 0
-    scs = strides[-1] // 4 if col_shift != NO_AXIS else 0
+    srs = strides[0] // 4 if mode != PER_TENSOR else 0
+    scs = strides[-1] // 4 if mode in (PER_GROUP, PER_TILE) else 0
     vec = 16 if (k % 16 == 0 and q.data.ptr % 16 == 0) else 1
     kv = k // vec
     device = q.data.device_id
-    key = ("dequant", code.name, out.name, vec, kv, device)
+    key = ("dequant", code.name, out.name, vec, mode, kv, device)
     plan = _plans.get(key)
     if plan is None:
-        fn = _kernels.function(SRC, dequant_expr(code, out, vec), device)
+        fn = _kernels.function(SRC, dequant_expr(code, out, vec, mode), device)
         plan = _plans[key] = (fn,) + _gpu.fastdiv(kv)
     fn, magic, shift = plan
     grid = min(-(-(rows * kv) // 1024), 1 << 20)
-    fn((grid,), (256,), (q, scale, res, rows, kv, magic, shift, row_shift, col_shift, srs, scs))
+    fn((grid,), (256,), (q, scale, res, rows, kv, magic, shift, max(group, 1).bit_length() - 1,
+                         srs, scs))
     return res
 
 
@@ -299,20 +301,20 @@ def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity
     shape = q.shape
     qc = _contiguous(q)
     if granularity == "tensor":
-        res = dequantize(stream, qc.reshape(1, -1), scale.reshape(1), code, out, NO_AXIS, NO_AXIS)
+        res = dequantize(stream, qc.reshape(1, -1), scale.reshape(1), code, out, PER_TENSOR)
     elif granularity == "row":
         k = shape[-1]
         rows = q.size // k if k else 0
         res = dequantize(stream, qc.reshape(rows, k), _contiguous(scale).reshape(-1), code, out,
-                         0, NO_AXIS)
+                         PER_ROW)
     elif granularity == "group":
-        res = dequantize(stream, qc, scale, code, out, 0, group.bit_length() - 1)
+        res = dequantize(stream, qc, scale, code, out, PER_GROUP, group)
     else:
-        res = dequantize(stream, qc, scale, code, out, 7, 7)
+        res = dequantize(stream, qc, scale, code, out, PER_TILE)
     return ((res.reshape(shape), False),)
 
 
 __all__ = ["run_tensor", "run_rows", "run_groups", "run_tiles", "run_dequantize",
            "quantize_row_groups", "quantize_tensor", "quantize_static", "quantize_tiles",
-           "dequantize", "specializations", "geometry", "NO_AXIS", "ZERO_IS_ONE", "FLOOR_EPS",
+           "dequantize", "specializations", "geometry", "ZERO_IS_ONE", "FLOOR_EPS",
            "FLOOR_EPS_POW2"]
