@@ -77,10 +77,11 @@ load_group_vec(const Tin* x, const float* smooth) {
 // Threads of a block, and blocks per multiprocessor the compiler must fit: 768 threads
 // (85 registers each) hold two iterations of loads; SmoothQuant, which holds float32
 // values too, 512 threads.
-template <int TPG, bool SMOOTH> struct BlockThreads {
+template <int TPG, bool SMOOTH, int MINB> struct BlockThreads {
     enum {
         value = TPG > 256 ? TPG : 256,
-        min_blocks = (SMOOTH ? 512 : 768) / (TPG > 256 ? TPG : 256) > 0
+        min_blocks = MINB > 0 ? MINB
+                     : (SMOOTH ? 512 : 768) / (TPG > 256 ? TPG : 256) > 0
                          ? (SMOOTH ? 512 : 768) / (TPG > 256 ? TPG : 256) : 1
     };
 };
@@ -100,8 +101,11 @@ struct GroupSlot {
 // one is reduced and stored, so the
 // memory system stays busy while a block computes. VPT == 0 streams groups too long to
 // hold (two reads). SMOOTH divides x by smooth[k] first (G must then be K).
-template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, bool SMOOTH>
-__global__ void __launch_bounds__(BlockThreads<TPG, SMOOTH>::value, BlockThreads<TPG, SMOOTH>::min_blocks)
+// MINB (blocks per multiprocessor, 0: the default above) and PREFETCH are tuning knobs.
+template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, bool SMOOTH,
+          int MINB = 0, bool PREFETCH = true>
+__global__ void __launch_bounds__(BlockThreads<TPG, SMOOTH, MINB>::value,
+                                  BlockThreads<TPG, SMOOTH, MINB>::min_blocks)
 quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                     float* __restrict__ scale, const float* __restrict__ smooth,
                     i64 rows, i64 K, i64 G, i64 groups_per_row, u32 gpr_magic, u32 gpr_shift,
@@ -109,7 +113,7 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                     float inv_qmax, float eps) {
     typedef typename Code::T CodeT;
     typedef typename Conditional<SMOOTH, float, Tin>::type Tv;   // what is quantized
-    constexpr int THREADS = BlockThreads<TPG, SMOOTH>::value, SLOTS = THREADS / TPG;
+    constexpr int THREADS = BlockThreads<TPG, SMOOTH, MINB>::value, SLOTS = THREADS / TPG;
     constexpr int NV = VPT > 0 ? VPT : 1;
     __shared__ u32 scratch[THREADS / 32];
     const int lane = threadIdx.x % TPG, slot = threadIdx.x / TPG;
@@ -156,7 +160,7 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
     for (; base < total; base += stride) {
         if constexpr (VPT > 0) {
             GroupSlot<Tin, VEC, NV> nxt;
-            fetch(nxt, base + stride);  // in flight while this group is computed
+            if constexpr (PREFETCH) fetch(nxt, base + stride);  // in flight meanwhile
             Vec<Tv, VEC> val[NV];
             AbsMax<Tv> acc;
 #pragma unroll
@@ -179,7 +183,11 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                 if (e < cur.len)
                     store_vec<CodeT, VEC>(q + cur.offset + e, quantize_vec<Tv, Code, VEC>(val[j], plan));
             }
-            cur = nxt;
+            if constexpr (PREFETCH) {
+                cur = nxt;
+            } else {
+                fetch(cur, base + stride);
+            }
         } else {
             // Streamed: the group is read twice (the second read mostly hits L2).
             constexpr int U = 4;
@@ -388,22 +396,27 @@ quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 // rounded once to float32. Each block takes a contiguous chunk of UNROLL * 256 vectors.
 enum ScaleMode { PER_TENSOR = 0, PER_ROW = 1, PER_GROUP = 2, PER_TILE = 3 };
 
-template <typename Code, typename Tout, int VEC, int MODE>
+// UNROLL (vectors in flight per thread) and CHUNKED (a block's vectors contiguous, or a
+// thread's vectors a grid apart) are tuning knobs.
+template <typename Code, typename Tout, int VEC, int MODE, int UNROLL = 4, bool CHUNKED = true>
 __global__ void __launch_bounds__(256)
 dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restrict__ scale,
                   Tout* __restrict__ out, i64 rows, i64 kv, u32 kv_magic, u32 kv_shift,
                   i64 col_shift, i64 srs, i64 scs) {
     typedef typename Code::T CodeT;
-    constexpr int THREADS = 256, UNROLL = 4, CHUNK = THREADS * UNROLL;
+    constexpr int THREADS = 256, CHUNK = THREADS * UNROLL;
     const FastDiv kd{kv, kv_magic, kv_shift};
     const i64 nvec = rows * kv;
     const float s0 = MODE == PER_TENSOR ? scale[0] : 0.0f;
-    for (i64 c0 = (i64)blockIdx.x * CHUNK; c0 < nvec; c0 += (i64)gridDim.x * CHUNK) {
+    const i64 step = CHUNKED ? (i64)THREADS : (i64)gridDim.x * THREADS;
+    const i64 first = CHUNKED ? (i64)blockIdx.x * CHUNK + threadIdx.x
+                              : (i64)blockIdx.x * THREADS + threadIdx.x;
+    for (i64 c0 = first; c0 < nvec; c0 += (i64)gridDim.x * CHUNK) {
         Vec<CodeT, VEC> codes[UNROLL];
         float s[UNROLL];
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
-            const i64 v = c0 + k * THREADS + threadIdx.x;
+            const i64 v = c0 + k * step;
             if (v < nvec) {
                 codes[k] = load_vec<CodeT, VEC>(q + v * VEC);
                 if constexpr (MODE == PER_TENSOR) {
@@ -422,7 +435,7 @@ dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restric
         }
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
-            const i64 v = c0 + k * THREADS + threadIdx.x;
+            const i64 v = c0 + k * step;
             if (v < nvec) {
                 float f[VEC];
                 decode_vec<Code, VEC>(codes[k], f);
