@@ -202,6 +202,19 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
     *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
 
+// Asynchronous 16-byte copies global -> shared (sm_80+): loads in flight without holding
+// registers. A thread waits only for its own copies, so no barrier is needed when every
+// thread reads back just what it copied.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    u32 s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
 // A vector's elements as floats (exact). 16-bit types are unpacked two per 32-bit word.
 template <typename T, int N>
 __device__ __forceinline__ void unpack(const Vec<T, N>& x, float* f) {

@@ -74,38 +74,33 @@ load_group_vec(const Tin* x, const float* smooth) {
     }
 }
 
-// Threads of a block, and blocks per multiprocessor the compiler must fit: 768 threads
-// (85 registers each) hold two iterations of loads; SmoothQuant, which holds float32
-// values too, 512 threads.
-template <int TPG, bool SMOOTH, int MINB> struct BlockThreads {
+// Threads of a block; stages of the shared-memory load ring (STAGES - 1 groups in flight
+// per thread run besides the one being computed); blocks per multiprocessor the compiler
+// must fit (80 registers).
+template <int TPG> struct RowGroupShape {
     enum {
-        value = TPG > 256 ? TPG : 256,
-        min_blocks = MINB > 0 ? MINB
-                     : (SMOOTH ? 512 : 768) / (TPG > 256 ? TPG : 256) > 0
-                         ? (SMOOTH ? 512 : 768) / (TPG > 256 ? TPG : 256) : 1
+        threads = TPG > 256 ? TPG : 256,
+        stages = TPG > 256 ? 2 : 4,
+        min_blocks = TPG > 256 ? 1 : 3
     };
 };
 
-// The group a thread run works on in one iteration: its raw vectors and where they go.
-template <typename Tin, int VEC, int NV>
-struct GroupSlot {
-    Vec<Tin, VEC> v[NV];
-    i64 offset, sidx, len;
-    bool last_row;
-};
+// Bytes of dynamic shared memory a row-group kernel needs (the host asks the same).
+template <typename Tin, int VEC, int TPG, int VPT>
+constexpr int row_group_smem() {
+    return sizeof(Vec<Tin, VEC>) == 16 && VPT > 0
+               ? RowGroupShape<TPG>::stages * VPT * RowGroupShape<TPG>::threads * 16 : 0;
+}
 
 // ---------------------------------------------------------------------------------------
 // Row groups. The input is [rows, K]; each row is cut into groups of G elements (the last
 // may be shorter). A run of TPG threads owns one group at a time, each thread VPT vectors
-// of it. The grid is persistent and the next group's loads are issued before the current
-// one is reduced and stored, so the
-// memory system stays busy while a block computes. VPT == 0 streams groups too long to
-// hold (two reads). SMOOTH divides x by smooth[k] first (G must then be K).
-// MINB (blocks per multiprocessor, 0: the default above) and PREFETCH are tuning knobs.
-template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, bool SMOOTH,
-          int MINB = 0, bool PREFETCH = true>
-__global__ void __launch_bounds__(BlockThreads<TPG, SMOOTH, MINB>::value,
-                                  BlockThreads<TPG, SMOOTH, MINB>::min_blocks)
+// of it; the grid is persistent. With 16-byte vectors, each thread copies the vectors of
+// its next STAGES - 1 groups into its own slots of a shared-memory ring (cp.async) while
+// it computes the current one, so the memory system stays busy. VPT == 0 streams groups
+// too long to hold (two reads). SMOOTH divides x by smooth[k] first (G must then be K).
+template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, bool SMOOTH>
+__global__ void __launch_bounds__(RowGroupShape<TPG>::threads, RowGroupShape<TPG>::min_blocks)
 quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                     float* __restrict__ scale, const float* __restrict__ smooth,
                     i64 rows, i64 K, i64 G, i64 groups_per_row, u32 gpr_magic, u32 gpr_shift,
@@ -113,116 +108,135 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                     float inv_qmax, float eps) {
     typedef typename Code::T CodeT;
     typedef typename Conditional<SMOOTH, float, Tin>::type Tv;   // what is quantized
-    constexpr int THREADS = BlockThreads<TPG, SMOOTH, MINB>::value, SLOTS = THREADS / TPG;
+    typedef Vec<Tin, VEC> V;
+    constexpr int THREADS = RowGroupShape<TPG>::threads, SLOTS = THREADS / TPG;
+    constexpr int STAGES = RowGroupShape<TPG>::stages;
+    constexpr bool RING = sizeof(V) == 16 && VPT > 0;
     constexpr int NV = VPT > 0 ? VPT : 1;
+    extern __shared__ __align__(16) unsigned char ring_bytes[];
     __shared__ u32 scratch[THREADS / 32];
+    V* ring = reinterpret_cast<V*>(ring_bytes);
     const int lane = threadIdx.x % TPG, slot = threadIdx.x / TPG;
     const FastDiv gdiv{groups_per_row, gpr_magic, gpr_shift};
     const i64 total = rows * groups_per_row;
     const u32 eps_bits = f2u(eps);
     const i64 stride = (i64)gridDim.x * SLOTS;
-    // Where this run's group of the iteration at `base` lies; loads its vectors (VPT > 0).
-    auto fetch = [&](GroupSlot<Tin, VEC, NV>& grp, i64 base) {
+
+    struct Where { i64 offset, sidx, len; bool last_row; };
+    auto where = [&](i64 base) {
+        Where w;
         const i64 gid = base + slot;
         const bool live = gid < total;
         const i64 r = live ? gdiv.div(gid) : 0;
         const i64 g = gid - r * groups_per_row;
         const i64 start = g * G;
-        grp.offset = r * K + start;
-        grp.sidx = r * scale_row_stride + g * scale_group_stride;
-        grp.len = live ? (K - start < G ? K - start : G) : 0;
-        grp.last_row = live && r == rows - 1;
-        if constexpr (VPT > 0) {
-#pragma unroll
-            for (int j = 0; j < VPT; ++j) {
-                const i64 e = (i64)(lane + j * TPG) * VEC;
-                if (e < grp.len) grp.v[j] = load_vec<Tin, VEC>(x + grp.offset + e);
-            }
-        }
+        w.offset = r * K + start;
+        w.sidx = r * scale_row_stride + g * scale_group_stride;
+        w.len = live ? (K - start < G ? K - start : G) : 0;
+        w.last_row = live && r == rows - 1;
+        return w;
     };
-
+    // Copies this thread's vectors of the group at `base` into ring stage `st`.
+    auto issue = [&](i64 base, int st) {
+        const Where w = where(base);
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const i64 e = (i64)(lane + j * TPG) * VEC;
+            const bool ok = e < w.len;
+            cp_async16(ring + (st * NV + j) * THREADS + threadIdx.x, ok ? x + w.offset + e : x, ok);
+        }
+        cp_async_commit();
+    };
     // The group's scale from its maximum; written out (with the column layout's padding).
-    auto finish_scale = [&](u32 amax, const GroupSlot<Tin, VEC, NV>& grp) {
+    auto finish_scale = [&](u32 amax, const Where& w) {
         const float s = scale_from_amax<RULE>(amax, inv_qmax, eps_bits);
-        if (grp.len > 0 && lane == 0) {
-            scale[grp.sidx] = s;
-            if (grp.last_row) {
+        if (w.len > 0 && lane == 0) {
+            scale[w.sidx] = s;
+            if (w.last_row) {
 #pragma unroll 1
-                for (i64 p = 1; p <= scale_pad_rows; ++p) scale[grp.sidx + p * scale_row_stride] = 0.0f;
+                for (i64 p = 1; p <= scale_pad_rows; ++p) scale[w.sidx + p * scale_row_stride] = 0.0f;
             }
         }
         return s;
     };
 
-    GroupSlot<Tin, VEC, NV> cur;
     i64 base = (i64)blockIdx.x * SLOTS;
-    fetch(cur, base);
-    for (; base < total; base += stride) {
+    if constexpr (RING) {
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; ++st) issue(base + st * stride, st);
+    }
+    for (int st = 0; base < total; base += stride, st = st + 1 == STAGES ? 0 : st + 1) {
+        const Where w = where(base);
         if constexpr (VPT > 0) {
-            GroupSlot<Tin, VEC, NV> nxt;
-            if constexpr (PREFETCH) fetch(nxt, base + stride);  // in flight meanwhile
+            V raw[NV];
+            if constexpr (RING) {
+                issue(base + (STAGES - 1) * stride, st == 0 ? STAGES - 1 : st - 1);
+                cp_async_wait<STAGES - 1>();   // this group's copies have landed
+#pragma unroll
+                for (int j = 0; j < NV; ++j) raw[j] = ring[(st * NV + j) * THREADS + threadIdx.x];
+            } else {
+#pragma unroll
+                for (int j = 0; j < NV; ++j) {
+                    const i64 e = (i64)(lane + j * TPG) * VEC;
+                    if (e < w.len) raw[j] = load_vec<Tin, VEC>(x + w.offset + e);
+                }
+            }
             Vec<Tv, VEC> val[NV];
             AbsMax<Tv> acc;
 #pragma unroll
-            for (int j = 0; j < VPT; ++j) {
+            for (int j = 0; j < NV; ++j) {
                 const i64 e = (i64)(lane + j * TPG) * VEC;
-                if (e < cur.len) {
+                if (e < w.len) {
                     if constexpr (SMOOTH) {
-                        val[j] = smooth_vec<Tin, VEC>(cur.v[j], load_vec<float, VEC>(smooth + e).v);
+                        val[j] = smooth_vec<Tin, VEC>(raw[j], load_vec<float, VEC>(smooth + e).v);
                     } else {
-                        val[j] = cur.v[j];
+                        val[j] = raw[j];
                     }
                     acc.add(val[j]);
                 }
             }
-            const float s = finish_scale(group_max<TPG>(acc.bits(), scratch), cur);
+            const float s = finish_scale(group_max<TPG>(acc.bits(), scratch), w);
             const DivPlan plan = plan_division(s);
 #pragma unroll
-            for (int j = 0; j < VPT; ++j) {
+            for (int j = 0; j < NV; ++j) {
                 const i64 e = (i64)(lane + j * TPG) * VEC;
-                if (e < cur.len)
-                    store_vec<CodeT, VEC>(q + cur.offset + e, quantize_vec<Tv, Code, VEC>(val[j], plan));
-            }
-            if constexpr (PREFETCH) {
-                cur = nxt;
-            } else {
-                fetch(cur, base + stride);
+                if (e < w.len)
+                    store_vec<CodeT, VEC>(q + w.offset + e, quantize_vec<Tv, Code, VEC>(val[j], plan));
             }
         } else {
             // Streamed: the group is read twice (the second read mostly hits L2).
             constexpr int U = 4;
-            const i64 off = cur.offset, len = cur.len;
             AbsMax<Tv> acc;
-            for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
+            for (i64 e0 = (i64)lane * VEC; e0 < w.len; e0 += (i64)U * TPG * VEC) {
                 Vec<Tv, VEC> tmp[U];
 #pragma unroll
                 for (int k = 0; k < U; ++k) {
                     const i64 e = e0 + (i64)k * TPG * VEC;
-                    if (e < len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e);
+                    if (e < w.len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + w.offset + e, smooth + e);
                 }
 #pragma unroll
                 for (int k = 0; k < U; ++k)
-                    if (e0 + (i64)k * TPG * VEC < len) acc.add(tmp[k]);
+                    if (e0 + (i64)k * TPG * VEC < w.len) acc.add(tmp[k]);
             }
-            const float s = finish_scale(group_max<TPG>(acc.bits(), scratch), cur);
+            const float s = finish_scale(group_max<TPG>(acc.bits(), scratch), w);
             const DivPlan plan = plan_division(s);
-            for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
+            for (i64 e0 = (i64)lane * VEC; e0 < w.len; e0 += (i64)U * TPG * VEC) {
                 Vec<Tv, VEC> tmp[U];
 #pragma unroll
                 for (int k = 0; k < U; ++k) {
                     const i64 e = e0 + (i64)k * TPG * VEC;
-                    if (e < len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e);
+                    if (e < w.len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + w.offset + e, smooth + e);
                 }
 #pragma unroll
                 for (int k = 0; k < U; ++k) {
                     const i64 e = e0 + (i64)k * TPG * VEC;
-                    if (e < len)
-                        store_vec<CodeT, VEC>(q + off + e, quantize_vec<Tv, Code, VEC>(tmp[k], plan));
+                    if (e < w.len)
+                        store_vec<CodeT, VEC>(q + w.offset + e, quantize_vec<Tv, Code, VEC>(tmp[k], plan));
                 }
             }
-            fetch(cur, base + stride);
         }
     }
+    if constexpr (RING) cp_async_wait<0>();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -334,59 +348,84 @@ quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 
 // ---------------------------------------------------------------------------------------
 // 128x128 tiles of an [N, K] matrix, edge tiles partial. A block of 512 threads owns one
-// tile at a time (32 elements a thread, in registers) and loads its next tile before it
-// reduces and stores the current one; the grid is persistent. scale is [tiles_n, tiles_k].
-template <typename Tin> struct TileBlocks { enum { min_blocks = sizeof(Tin) == 2 ? 2 : 1 }; };
+// tile at a time (32 elements a thread); the grid is persistent and, with 16-byte vectors,
+// each thread copies its share of the next TILE_STAGES - 1 tiles into its own slots of a
+// shared-memory ring while it computes. scale is [tiles_n, tiles_k] row-major.
+constexpr int TILE_THREADS = 512, TILE_STAGES = 3;
 
+template <typename Tin, int VEC>
+constexpr int tile_smem() {
+    return sizeof(Vec<Tin, VEC>) == 16 ? TILE_STAGES * (128 / (TILE_THREADS / (128 / VEC))) * TILE_THREADS * 16 : 0;
+}
 
 template <typename Tin, typename Code, int VEC>
-__global__ void __launch_bounds__(512, TileBlocks<Tin>::min_blocks)
+__global__ void __launch_bounds__(TILE_THREADS, 1)
 quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                float* __restrict__ scale, i64 N, i64 K, i64 tiles_n, i64 tiles_k, float inv_qmax) {
     typedef typename Code::T CodeT;
-    constexpr int THREADS = 512, TILE = 128, COLV = TILE / VEC, RPP = THREADS / COLV,
-                  PASSES = TILE / RPP;
+    typedef Vec<Tin, VEC> V;
+    constexpr int THREADS = TILE_THREADS, TILE = 128, COLV = TILE / VEC, RPP = THREADS / COLV,
+                  PASSES = TILE / RPP, STAGES = TILE_STAGES;
+    constexpr bool RING = sizeof(V) == 16;
+    extern __shared__ __align__(16) unsigned char ring_bytes[];
     __shared__ u32 scratch[THREADS / 32];
+    V* ring = reinterpret_cast<V*>(ring_bytes);
     const int cv = threadIdx.x % COLV, r0 = threadIdx.x / COLV;
     const i64 ntiles = tiles_n * tiles_k;
 
-    struct Tile {
-        Vec<Tin, VEC> v[PASSES];
-        i64 off, rows_left;
-        bool col_ok;
-    };
-    auto fetch = [&](Tile& tile, i64 t) {
+    struct Where { i64 off, rows_left; bool col_ok; };
+    auto where = [&](i64 t) {
+        Where w;
         const i64 tn = t / tiles_k, tk = t - tn * tiles_k;
         const i64 col = tk * TILE + (i64)cv * VEC;
-        tile.col_ok = t < ntiles && col < K;
-        tile.off = (tn * TILE + r0) * K + col;
-        tile.rows_left = N - tn * TILE - r0;
+        w.col_ok = t < ntiles && col < K;
+        w.off = (tn * TILE + r0) * K + col;
+        w.rows_left = N - tn * TILE - r0;
+        return w;
+    };
+    auto issue = [&](i64 t, int st) {
+        const Where w = where(t);
 #pragma unroll
-        for (int p = 0; p < PASSES; ++p)
-            if (tile.col_ok && p * RPP < tile.rows_left)
-                tile.v[p] = load_vec<Tin, VEC>(x + tile.off + (i64)p * RPP * K);
+        for (int p = 0; p < PASSES; ++p) {
+            const bool ok = w.col_ok && p * RPP < w.rows_left;
+            cp_async16(ring + (st * PASSES + p) * THREADS + threadIdx.x,
+                       ok ? x + w.off + (i64)p * RPP * K : x, ok);
+        }
+        cp_async_commit();
     };
 
-    Tile cur;
     i64 t = blockIdx.x;
-    fetch(cur, t);
-    for (; t < ntiles; t += gridDim.x) {
-        Tile nxt;
-        fetch(nxt, t + gridDim.x);
+    if constexpr (RING) {
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; ++st) issue(t + (i64)st * gridDim.x, st);
+    }
+    for (int st = 0; t < ntiles; t += gridDim.x, st = st + 1 == STAGES ? 0 : st + 1) {
+        const Where w = where(t);
+        V buf[PASSES];
+        if constexpr (RING) {
+            issue(t + (i64)(STAGES - 1) * gridDim.x, st == 0 ? STAGES - 1 : st - 1);
+            cp_async_wait<STAGES - 1>();
+#pragma unroll
+            for (int p = 0; p < PASSES; ++p) buf[p] = ring[(st * PASSES + p) * THREADS + threadIdx.x];
+        } else {
+#pragma unroll
+            for (int p = 0; p < PASSES; ++p)
+                if (w.col_ok && p * RPP < w.rows_left) buf[p] = load_vec<Tin, VEC>(x + w.off + (i64)p * RPP * K);
+        }
         AbsMax<Tin> acc;
 #pragma unroll
         for (int p = 0; p < PASSES; ++p)
-            if (cur.col_ok && p * RPP < cur.rows_left) acc.add(cur.v[p]);
+            if (w.col_ok && p * RPP < w.rows_left) acc.add(buf[p]);
         const u32 amax = group_max<THREADS>(acc.bits(), scratch);
         const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
         if (threadIdx.x == 0) scale[t] = s;
         const DivPlan plan = plan_division(s);
 #pragma unroll
         for (int p = 0; p < PASSES; ++p)
-            if (cur.col_ok && p * RPP < cur.rows_left)
-                store_vec<CodeT, VEC>(q + cur.off + (i64)p * RPP * K, quantize_vec<Tin, Code, VEC>(cur.v[p], plan));
-        cur = nxt;
+            if (w.col_ok && p * RPP < w.rows_left)
+                store_vec<CodeT, VEC>(q + w.off + (i64)p * RPP * K, quantize_vec<Tin, Code, VEC>(buf[p], plan));
     }
+    if constexpr (RING) cp_async_wait<0>();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -398,7 +437,7 @@ enum ScaleMode { PER_TENSOR = 0, PER_ROW = 1, PER_GROUP = 2, PER_TILE = 3 };
 
 // UNROLL (vectors in flight per thread) and CHUNKED (a block's vectors contiguous, or a
 // thread's vectors a grid apart) are tuning knobs.
-template <typename Code, typename Tout, int VEC, int MODE, int UNROLL = 4, bool CHUNKED = true>
+template <typename Code, typename Tout, int VEC, int MODE, int UNROLL = 4, bool CHUNKED = false>
 __global__ void __launch_bounds__(256)
 dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restrict__ scale,
                   Tout* __restrict__ out, i64 rows, i64 kv, u32 kv_magic, u32 kv_shift,

@@ -35,6 +35,11 @@ class CodeType:
         """f32(1/qmax), the constant scales are multiplied by (SPEC section 1, C(1/n))."""
         return np.float32(1.0) / np.float32(self.qmax)
 
+    @functools.cached_property
+    def inv_qmax_bits(self) -> int:
+        """inv_qmax as the bits a kernel argument block takes."""
+        return int(self.inv_qmax.view(np.uint32))
+
 
 FLOAT16 = FloatType("float16", np.dtype(np.float16), "cq::half", 0x7FFF)
 BFLOAT16 = FloatType("bfloat16", np.dtype(ml_dtypes.bfloat16), "cq::bfloat16", 0x7FFF)

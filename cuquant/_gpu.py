@@ -3,6 +3,8 @@ and run-time divisors. Imported lazily by the ops, only when a CUDA array arrive
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import threading
 import warnings
 
@@ -75,17 +77,66 @@ def props(device: int) -> dict:
     return p
 
 
-def resident_blocks(fn, device: int, threads: int) -> int:
-    """How many blocks of `fn` fit on the device at once (for grid-wide handshakes)."""
+def resident_blocks(fn, device: int, threads: int, smem: int = 0) -> int:
+    """How many blocks of `fn` fit on the device at once (for persistent grids and
+    grid-wide handshakes)."""
     ptr = fn.kernel.ptr
-    key = (ptr, device, threads)
+    key = (ptr, device, threads, smem)
     n = _occupancy.get(key)
     if n is None:
         cp = require_cupy("cuquant")
-        per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(ptr, threads, 0)
+        per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(ptr, threads, smem)
         n = max(1, per_sm) * props(device)["sm_count"]
         _occupancy[key] = n
     return n
+
+
+class Launch:
+    """One compiled kernel, launched through the driver with a reusable per-thread argument
+    block: CuPy's generic argument handling costs about half a microsecond an argument,
+    which would be most of a small call's time. Arguments are given as integers (device
+    pointers, sizes, and float32 values as their bits, see `f32_bits`)."""
+
+    __slots__ = ("fn", "ptr", "nargs", "smem", "_tls")
+
+    def __init__(self, fn, nargs: int, smem: int = 0):
+        self.fn = fn  # keeps the module loaded
+        self.ptr = fn.kernel.ptr
+        self.nargs = nargs
+        self.smem = smem
+        self._tls = threading.local()
+        _load_driver()
+        if smem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = smem
+
+    def _block(self):
+        b = getattr(self._tls, "b", None)
+        if b is None:
+            vals = (ctypes.c_uint64 * self.nargs)()
+            base = ctypes.addressof(vals)
+            ptrs = (ctypes.c_void_p * self.nargs)(*(base + 8 * i for i in range(self.nargs)))
+            b = self._tls.b = (vals, ptrs, ctypes.addressof(ptrs))
+        return b
+
+    def __call__(self, grid: int, threads: int, stream, args) -> None:
+        vals, _, addr = self._block()
+        vals[:] = args
+        _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr, addr, 0)
+
+
+def f32_bits(v) -> int:
+    """A float32 kernel argument as the integer a Launch takes."""
+    return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
+_driver = None
+
+
+def _load_driver():
+    global _driver
+    if _driver is None:
+        _driver = require_cupy("cuquant").cuda.driver
+    return _driver
 
 
 def workspace(device: int, stream) -> object:
@@ -104,13 +155,13 @@ def workspace(device: int, stream) -> object:
     return ws
 
 
-def fastdiv(d: int) -> tuple[np.uint32, np.uint32]:
+def fastdiv(d: int) -> tuple[int, int]:
     """Magic and shift for dividing n < 2**31 by d on the device: (umulhi(n, m) + n) >> s."""
     if d >= 1 << 31:
-        return np.uint32(0), np.uint32(31)
+        return 0, 31
     shift = (d - 1).bit_length()
     magic = ((1 << 32) * ((1 << shift) - d)) // d + 1
-    return np.uint32(magic), np.uint32(shift)
+    return magic, shift
 
 
 def blocks_for(work_items: int, per_block: int, cap: int = 1 << 20) -> int:
@@ -119,4 +170,4 @@ def blocks_for(work_items: int, per_block: int, cap: int = 1 << 20) -> int:
 
 
 __all__ = ["HOST", "NULL", "stream_arg", "run", "props", "resident_blocks", "workspace",
-           "fastdiv", "blocks_for"]
+           "fastdiv", "blocks_for", "Launch", "f32_bits"]

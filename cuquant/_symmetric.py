@@ -91,9 +91,10 @@ def specializations():
                 yield SRC, tensor_expr(t, code, vec)
                 yield SRC, static_expr(t, code, vec)
             yield SRC, tiles_expr(t, E4M3, vec)
-    for code, out, vec, mode in itertools.product((INT8, E4M3), FLOATS.values(), (16, 1),
-                                                  (PER_TENSOR, PER_ROW, PER_GROUP, PER_TILE)):
-        yield SRC, dequant_expr(code, out, vec, mode)
+    for code, out, mode in itertools.product((INT8, E4M3), FLOATS.values(),
+                                             (PER_TENSOR, PER_ROW, PER_GROUP, PER_TILE)):
+        for vec in (16 // out.numpy.itemsize, 1):
+            yield SRC, dequant_expr(code, out, vec, mode)
 
 
 _plans: dict = {}
@@ -110,20 +111,32 @@ def _contiguous(x):
 # ---------------------------------------------------------------------------------------
 # Launchers
 
+def _ring_bytes(vec_bytes: int, geom) -> int:
+    """Dynamic shared memory of a row-group kernel (cuda_src: row_group_smem)."""
+    tpg, vpt = geom
+    if vec_bytes != 16 or vpt == 0:
+        return 0
+    threads = max(tpg, 256)
+    stages = 2 if tpg > 256 else 4
+    return stages * vpt * threads * 16
+
+
 def _row_groups_plan(t, code, rule, k, group, vec, smooth, device):
     gpr = -(-k // group)
     geom = geometry(-(-min(group, k) // vec))
     fn = _kernels.function(SRC, row_groups_expr(t, code, rule, vec, geom, smooth), device)
     threads = max(geom[0], 256)
-    magic, shift = _gpu.fastdiv(gpr)
-    resident = _gpu.resident_blocks(fn, device, threads)
-    return fn, threads, threads // geom[0], gpr, magic, shift, resident
+    smem = _ring_bytes(vec * t.numpy.itemsize, geom)
+    launch = _gpu.Launch(fn, 15, smem)
+    resident = _gpu.resident_blocks(fn, device, threads, smem)
+    return launch, threads, threads // geom[0], gpr, _gpu.fastdiv(gpr), resident
 
 
 def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
-                        eps=np.float32(0), smooth=None, scale_layout: str = "row"):
+                        eps: float = 0.0, smooth=None, scale_layout: str = "row", scale_shape=None):
     """x: C-contiguous [rows, K]. Returns (q [rows, K], scale [rows, ceil(K/group)]) where
-    scale is a strided view of a [groups, round_up(rows, 4)] buffer for layout "column"."""
+    scale is a strided view of a [groups, round_up(rows, 4)] buffer for layout "column";
+    `scale_shape` allocates the row layout in another shape of the same size."""
     cp = cupy_module()
     rows, k = x.shape
     vec = 16 // t.numpy.itemsize
@@ -135,7 +148,7 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
     if plan is None:
         plan = _plans[key] = _row_groups_plan(t, code, rule, k, group, vec, smooth is not None,
                                               device)
-    fn, threads, per_block, gpr, magic, shift, resident = plan
+    launch, threads, per_block, gpr, (magic, shift), resident = plan
     q = cp.empty((rows, k), dtype=_code_dtype(code))
     if scale_layout == "column":
         m4 = -(-rows // 4) * 4
@@ -143,16 +156,17 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
         scale = buf[:, :rows].T
         srs, sgs, pad = 1, m4, m4 - rows
     else:
-        scale = buf = cp.empty((rows, gpr), dtype=np.float32)
+        scale = buf = cp.empty(scale_shape if scale_shape is not None else (rows, gpr),
+                               dtype=np.float32)
         srs, sgs, pad = gpr, 1, 0
     if rows == 0 or k == 0:
         if pad:
             buf.fill(0)
         return q, scale
     grid = min(-(-(rows * gpr) // per_block), resident)  # persistent: loops over groups
-    fn((grid,), (threads,),
-       (x, q, buf, _gpu.NULL if smooth is None else smooth, rows, k, group, gpr, magic, shift,
-        srs, sgs, pad, code.inv_qmax, eps))
+    launch(grid, threads, stream,
+           (x.data.ptr, q.data.ptr, buf.data.ptr, 0 if smooth is None else smooth.data.ptr, rows,
+            k, group, gpr, magic, shift, srs, sgs, pad, code.inv_qmax_bits, _gpu.f32_bits(eps)))
     return q, scale
 
 
@@ -171,10 +185,11 @@ def quantize_tensor(stream, x, t: FloatType, code: CodeType):
     plan = _plans.get(key)
     if plan is None:
         fn = _kernels.function(SRC, tensor_expr(t, code, vec), device)
-        plan = _plans[key] = (fn, _gpu.resident_blocks(fn, device, 256))
-    fn, resident = plan
+        plan = _plans[key] = (_gpu.Launch(fn, 6), _gpu.resident_blocks(fn, device, 256))
+    launch, resident = plan
     grid = max(1, min(-(-(n // vec) // 256), resident))
-    fn((grid,), (256,), (x, q, scale, n, _gpu.workspace(device, stream), code.inv_qmax))
+    launch(grid, 256, stream, (x.data.ptr, q.data.ptr, scale.data.ptr, n,
+                               _gpu.workspace(device, stream).data.ptr, code.inv_qmax_bits))
     return q, scale
 
 
@@ -184,20 +199,32 @@ def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, s
     q = cp.empty(x.shape, dtype=_code_dtype(code))
     if scale_array is None:
         scale_out = cp.empty((1,), dtype=np.float32)
-        ptr, value, out = _gpu.NULL, np.float32(scale_value), scale_out
+        ptr, value, out = 0, _gpu.f32_bits(scale_value), scale_out.data.ptr
     else:
         scale_out = scale_array.reshape(1)
-        ptr, value, out = scale_array, np.float32(0), _gpu.NULL
+        ptr, value, out = scale_array.data.ptr, 0, 0
     n = x.size
     if n == 0:
         if scale_array is None:
-            scale_out.fill(value)
+            scale_out.fill(np.float32(scale_value))
         return q, scale_out
+    device = x.data.device_id
     vec = 16 // t.numpy.itemsize if x.data.ptr % 16 == 0 else 1
-    fn = _kernels.function(SRC, static_expr(t, code, vec), x.data.device_id)
-    grid = min(-(-(n // vec + 1) // 1024), 1 << 20)
-    fn((grid,), (256,), (x, q, ptr, value, out, n))
+    key = ("static", t.name, code.name, vec, device)
+    launch = _plans.get(key)
+    if launch is None:
+        launch = _plans[key] = _gpu.Launch(_kernels.function(SRC, static_expr(t, code, vec), device), 6)
+    launch(min(-(-(n // vec + 1) // 1024), 1 << 20), 256, stream,
+           (x.data.ptr, q.data.ptr, ptr, value, out, n))
     return q, scale_out
+
+
+def _tile_bytes(vec_bytes: int, vec: int) -> int:
+    """Dynamic shared memory of the tile kernel (cuda_src: tile_smem)."""
+    if vec_bytes != 16:
+        return 0
+    passes = 128 // (512 // (128 // vec))
+    return 3 * passes * 512 * 16
 
 
 def quantize_tiles(stream, w, t: FloatType, code: CodeType):
@@ -217,16 +244,18 @@ def quantize_tiles(stream, w, t: FloatType, code: CodeType):
     plan = _plans.get(key)
     if plan is None:
         fn = _kernels.function(SRC, tiles_expr(t, code, vec), device)
-        plan = _plans[key] = (fn, _gpu.resident_blocks(fn, device, 512))
-    fn, resident = plan
-    fn((min(tn * tk, resident),), (512,), (w, q, scale, n, k, tn, tk, code.inv_qmax))
+        smem = _tile_bytes(vec * t.numpy.itemsize, vec)
+        plan = _plans[key] = (_gpu.Launch(fn, 8, smem), _gpu.resident_blocks(fn, device, 512, smem))
+    launch, resident = plan
+    launch(min(tn * tk, resident), 512, stream,
+           (w.data.ptr, q.data.ptr, scale.data.ptr, n, k, tn, tk, code.inv_qmax_bits))
     return q, scale
 
 
 def dequantize(stream, q, scale, code: CodeType, out: FloatType, mode: int, group: int = 0):
     """q: C-contiguous [rows, K] codes; scale: float32, one element (PER_TENSOR), [rows]
     (PER_ROW), [rows, ceil(K/group)] (PER_GROUP) or [ceil(rows/128), ceil(K/128)]
-    (PER_TILE), any strides."""
+    (PER_TILE), any strides. Each thread writes 16 bytes of output per vector."""
     cp = cupy_module()
     rows, k = q.shape
     res = cp.empty((rows, k), dtype=out.numpy)
@@ -235,18 +264,20 @@ def dequantize(stream, q, scale, code: CodeType, out: FloatType, mode: int, grou
     strides = scale.strides
     srs = strides[0] // 4 if mode != PER_TENSOR else 0
     scs = strides[-1] // 4 if mode in (PER_GROUP, PER_TILE) else 0
-    vec = 16 if (k % 16 == 0 and q.data.ptr % 16 == 0) else 1
+    vec = 16 // out.numpy.itemsize
+    if k % vec or q.data.ptr % vec:
+        vec = 1
     kv = k // vec
     device = q.data.device_id
     key = ("dequant", code.name, out.name, vec, mode, kv, device)
     plan = _plans.get(key)
     if plan is None:
         fn = _kernels.function(SRC, dequant_expr(code, out, vec, mode), device)
-        plan = _plans[key] = (fn,) + _gpu.fastdiv(kv)
-    fn, magic, shift = plan
-    grid = min(-(-(rows * kv) // 1024), 1 << 20)
-    fn((grid,), (256,), (q, scale, res, rows, kv, magic, shift, max(group, 1).bit_length() - 1,
-                         srs, scs))
+        plan = _plans[key] = (_gpu.Launch(fn, 10),) + _gpu.fastdiv(kv)
+    launch, magic, shift = plan
+    launch(min(-(-(rows * kv) // 1024), 1 << 20), 256, stream,
+           (q.data.ptr, scale.data.ptr, res.data.ptr, rows, kv, magic, shift,
+            max(group, 1).bit_length() - 1, srs, scs))
     return res
 
 

@@ -1,0 +1,584 @@
+// Group-wise integer quantization machinery, shared by groupwise.cu (DeepSpeed format,
+// SPEC section 5) and zero_point.cu (lmdeploy format, SPEC section 6).
+//
+// A tensor is a run of `groups` groups of G consecutive elements (C order). A kernel works
+// on "units" of VEC consecutive elements: VEC = 8 on the fast path (G % 8 == 0, 16-byte
+// aligned data: one 16-byte load for 16-bit types, two for float32), VEC = 1 or 2 on the
+// general path (any G, any alignment: scalar accesses; 2 for 4-bit codes, so that a unit
+// is one byte of packed codes). The quantizer is one template over a format policy F:
+//
+//   F::BITS, F::LOW_FIRST    code width and nibble order (first element in the low nibble?)
+//   F::Params                what a group needs to encode, made by F::prepare(lo, hi, ...)
+//   F::store_params          writes a group's parameters
+//   F::encode<CAREFUL, STOCH> one element to its code (and its reconstruction, when the
+//                            format returns one); CAREFUL handles groups whose arithmetic
+//                            can meet NaN (non-finite statistics or multipliers); STOCH
+//                            picks stochastic rounding where F::stochastic(args) says so
+//   F::random                the random words of a unit (stochastic rounding)
+//
+// Group statistics are the NaN-propagating minimum and maximum, taken with PTX
+// max.NaN / min.NaN (IEEE 754-2019 maximum / minimum: a NaN wins, -0 < +0), on two 16-bit
+// elements at once for half and bfloat16. No float comparison below is left to the
+// compiler, since CuPy's -ftz=true would make it flush subnormals.
+#pragma once
+#include "common.cuh"
+
+namespace cq {
+
+// ---------------------------------------------------------------------------------------
+// Non-flushing min / max and comparisons
+
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float fmin_nan(float a, float b) {
+    float r;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+// Clamp helpers for values known not to be NaN (a NaN would give the bound).
+__device__ __forceinline__ float fclamp(float v, float lo, float hi) {
+    float r;
+    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(v), "f"(lo));
+    asm("min.f32 %0, %0, %1;" : "+f"(r) : "f"(hi));
+    return r;
+}
+__device__ __forceinline__ bool feq(float a, float b) {
+    u32 r;
+    asm("{ .reg .pred p; setp.eq.f32 p, %1, %2; selp.u32 %0, 1, 0, p; }" : "=r"(r) : "f"(a), "f"(b));
+    return r != 0u;
+}
+__device__ __forceinline__ bool flt(float a, float b) {
+    u32 r;
+    asm("{ .reg .pred p; setp.lt.f32 p, %1, %2; selp.u32 %0, 1, 0, p; }" : "=r"(r) : "f"(a), "f"(b));
+    return r != 0u;
+}
+__device__ __forceinline__ float add_rm(float a, float b) {
+    float r;
+    asm("add.rm.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float fneg(float v) { return u2f(f2u(v) ^ 0x80000000u); }
+__device__ __forceinline__ float fabs_bits(float v) { return u2f(f2u(v) & 0x7fffffffu); }
+// finite (not inf, not NaN)
+__device__ __forceinline__ bool finite(float v) { return (f2u(v) & 0x7fffffffu) < 0x7f800000u; }
+
+// 1.5 * 2**23: adding it to |v| < 2**22 leaves rne(v) (or floor(v), with add.rm) in the
+// low bits of the sum.
+#define CQ_MAGIC 12582912.0f
+#define CQ_MAGIC_BITS 0x4B400000u
+
+// ---------------------------------------------------------------------------------------
+// Packed 16-bit min / max
+
+template <typename T> __device__ __forceinline__ u32 max2_nan(u32 a, u32 b);
+template <typename T> __device__ __forceinline__ u32 min2_nan(u32 a, u32 b);
+template <> __device__ __forceinline__ u32 max2_nan<half>(u32 a, u32 b) {
+    u32 r;
+    asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+template <> __device__ __forceinline__ u32 min2_nan<half>(u32 a, u32 b) {
+    u32 r;
+    asm("min.NaN.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+template <> __device__ __forceinline__ u32 max2_nan<bfloat16>(u32 a, u32 b) {
+    u32 r;
+    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+template <> __device__ __forceinline__ u32 min2_nan<bfloat16>(u32 a, u32 b) {
+    u32 r;
+    asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Minimum and maximum of a group. A thread accumulates; `pack` gives the words the team
+// reduces with `combine` (the maximum and the negated minimum, so one max serves both);
+// `unpack` reads lo and hi back as float32.
+
+template <typename T, bool WIDE = (sizeof(T) == 2)>
+struct MinMax {  // half, bfloat16: two elements a word
+    static constexpr int WORDS = 1;
+    static constexpr u32 NEG_INF2 = IsSame<T, half>::value ? 0xFC00FC00u : 0xFF80FF80u;
+    u32 hi, lo;
+    __device__ __forceinline__ MinMax() : hi(NEG_INF2), lo(NEG_INF2 ^ 0x80008000u) {}
+    __device__ __forceinline__ void add_word(u32 w) {
+        hi = max2_nan<T>(hi, w);
+        lo = min2_nan<T>(lo, w);
+    }
+    __device__ __forceinline__ void add(T v) { add_word((u32)v.bits * 0x10001u); }
+    template <int N>
+    __device__ __forceinline__ void add_vec(const Vec<T, N>& v) {
+        if constexpr (N % 2 == 0) {
+            const u32* w = reinterpret_cast<const u32*>(&v);
+#pragma unroll
+            for (int k = 0; k < N / 2; ++k) add_word(w[k]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < N; ++k) add(v.v[k]);
+        }
+    }
+    __device__ __forceinline__ void pack(u32* out) const {
+        const u32 h = max2_nan<T>(hi, prmt(hi, 0u, 0x1032u)) & 0xffffu;
+        const u32 l = min2_nan<T>(lo, prmt(lo, 0u, 0x1032u)) & 0xffffu;
+        out[0] = h | ((l ^ 0x8000u) << 16);
+    }
+    static __device__ __forceinline__ u32 combine(u32 a, u32 b) { return max2_nan<T>(a, b); }
+    static __device__ __forceinline__ void unpack(const u32* w, float& lo, float& hi) {
+        T h, l;
+        h.bits = (u16)(w[0] & 0xffffu);
+        l.bits = (u16)((w[0] >> 16) ^ 0x8000u);
+        hi = to_f32(h);
+        lo = to_f32(l);
+    }
+};
+
+template <>
+struct MinMax<float, false> {
+    static constexpr int WORDS = 2;
+    float hi, lo;
+    __device__ __forceinline__ MinMax() : hi(u2f(0xff800000u)), lo(u2f(0x7f800000u)) {}
+    __device__ __forceinline__ void add(float v) {
+        hi = fmax_nan(hi, v);
+        lo = fmin_nan(lo, v);
+    }
+    template <int N>
+    __device__ __forceinline__ void add_vec(const Vec<float, N>& v) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) add(v.v[k]);
+    }
+    __device__ __forceinline__ void pack(u32* out) const {
+        out[0] = f2u(hi);
+        out[1] = f2u(lo) ^ 0x80000000u;
+    }
+    static __device__ __forceinline__ u32 combine(u32 a, u32 b) { return f2u(fmax_nan(u2f(a), u2f(b))); }
+    static __device__ __forceinline__ void unpack(const u32* w, float& lo, float& hi) {
+        hi = u2f(w[0]);
+        lo = u2f(w[1] ^ 0x80000000u);
+    }
+};
+
+// Reduces K words over each aligned run of W threads (W a power of two) with Acc::combine;
+// every thread of the run gets the result. W > 32 goes through `scratch` (K words per warp)
+// and __syncthreads, so every thread of the block must call it.
+template <int W, class Acc, int K>
+__device__ __forceinline__ void team_reduce(u32 (&v)[K], u32* scratch) {
+    constexpr int L = W < 32 ? W : 32;
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] = Acc::combine(v[k], __shfl_xor_sync(0xffffffffu, v[k], o));
+    }
+    if constexpr (W > 32) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        __syncthreads();  // scratch may still be read by the previous call
+        if (lane == 0) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) scratch[warp * K + k] = v[k];
+        }
+        __syncthreads();
+        constexpr int WPG = W / 32;
+        const int first = (warp / WPG) * WPG;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            u32 r = scratch[first * K + k];
+            for (int i = 1; i < WPG; ++i) r = Acc::combine(r, scratch[(first + i) * K + k]);
+            v[k] = r;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Units: VEC consecutive elements
+
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_unit(const T* p) {
+    Vec<T, VEC> r;
+    if constexpr (VEC * sizeof(T) == 16) {
+        r = load_vec<T, VEC>(p);
+    } else if constexpr (VEC * sizeof(T) == 32) {
+        const Vec<T, VEC / 2> a = load_vec<T, VEC / 2>(p), b = load_vec<T, VEC / 2>(p + VEC / 2);
+#pragma unroll
+        for (int k = 0; k < VEC / 2; ++k) {
+            r.v[k] = a.v[k];
+            r.v[VEC / 2 + k] = b.v[k];
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) r.v[k] = p[k];
+    }
+    return r;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_unit(T* p, const Vec<T, VEC>& v) {
+    if constexpr (VEC * sizeof(T) == 16) {
+        store_vec<T, VEC>(p, v);
+    } else if constexpr (VEC * sizeof(T) == 32) {
+        Vec<T, VEC / 2> a, b;
+#pragma unroll
+        for (int k = 0; k < VEC / 2; ++k) {
+            a.v[k] = v.v[k];
+            b.v[k] = v.v[VEC / 2 + k];
+        }
+        store_vec<T, VEC / 2>(p, a);
+        store_vec<T, VEC / 2>(p + VEC / 2, b);
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) p[k] = v.v[k];
+    }
+}
+
+// Rounds VEC floats to T (packed conversions for 16-bit types).
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> round_unit(const float* f) {
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k + 1 < VEC; k += 2) convert_pair<T>(f[k], f[k + 1], o.v[k], o.v[k + 1]);
+    if (VEC % 2) o.v[VEC - 1] = from_f32<T>(f[VEC - 1]);
+    return o;
+}
+
+// The low bytes of four words, as one word.
+__device__ __forceinline__ u32 pack_bytes(u32 a, u32 b, u32 c, u32 d) {
+    return prmt(prmt(a, b, 0x0040u), prmt(c, d, 0x0040u), 0x5410u);
+}
+
+// Codes of a unit (their low BITS bits) to memory: 8-bit codes at q[e], 4-bit codes two a
+// byte at q[e / 2], the first of a pair in the low nibble when LOW_FIRST.
+template <int BITS, bool LOW_FIRST, int VEC>
+__device__ __forceinline__ void store_codes(u8* q, i64 e, const u32 (&r)[VEC]) {
+    if constexpr (BITS == 8) {
+        if constexpr (VEC == 8) {
+            Vec<u32, 2> w;
+            w.v[0] = pack_bytes(r[0], r[1], r[2], r[3]);
+            w.v[1] = pack_bytes(r[4], r[5], r[6], r[7]);
+            store_vec<u32, 2>(reinterpret_cast<u32*>(q + e), w);
+        } else {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) q[e + k] = (u8)r[k];
+        }
+    } else {
+        static_assert(VEC % 2 == 0, "4-bit units hold whole bytes");
+        u32 t[VEC / 2];
+#pragma unroll
+        for (int j = 0; j < VEC / 2; ++j)
+            t[j] = LOW_FIRST ? ((r[2 * j] & 0xfu) | (r[2 * j + 1] << 4))
+                             : ((r[2 * j] << 4) | (r[2 * j + 1] & 0xfu));
+        if constexpr (VEC == 8) {
+            *reinterpret_cast<u32*>(q + e / 2) = pack_bytes(t[0], t[1], t[2], t[3]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VEC / 2; ++j) q[e / 2 + j] = (u8)t[j];
+        }
+    }
+}
+
+// Codes of a unit as loaded: the packed bytes, in one or two words.
+template <int BITS, int VEC>
+struct CodeUnit {
+    static constexpr int WORDS = BITS * VEC > 32 ? 2 : 1;
+    u32 w[WORDS];
+    __device__ __forceinline__ void load(const u8* q, i64 e) {
+        if constexpr (BITS == 8 && VEC == 8) {
+            const Vec<u32, 2> v = load_vec<u32, 2>(reinterpret_cast<const u32*>(q + e));
+            w[0] = v.v[0];
+            w[1] = v.v[1];
+        } else if constexpr (BITS == 4 && VEC == 8) {
+            w[0] = *reinterpret_cast<const u32*>(q + e / 2);
+        } else {
+            static_assert(BITS * VEC == 8, "general units are one byte");
+            w[0] = q[BITS == 8 ? e : e / 2];
+        }
+    }
+    // As float32 (exact). SIGNED codes are two's complement.
+    template <bool SIGNED, bool LOW_FIRST>
+    __device__ __forceinline__ void decode(float* f) const {
+        constexpr float BIAS8 = SIGNED ? 8388736.0f : 8388608.0f;   // 2**23 (+ 128)
+        constexpr float BIAS4 = SIGNED ? 8388616.0f : 8388608.0f;   // 2**23 (+ 8)
+        constexpr u32 FLIP8 = SIGNED ? 0x80808080u : 0u, FLIP4 = SIGNED ? 8u : 0u;
+        if constexpr (BITS == 8) {
+#pragma unroll
+            for (int h = 0; h < WORDS; ++h) {
+                const u32 b = w[h] ^ FLIP8;   // 0x4B0000bb is 2**23 + bb
+#pragma unroll
+                for (int k = 0; k < (VEC < 4 ? VEC : 4); ++k)
+                    f[4 * h + k] = u2f(prmt(b, 0x4B000000u, 0x7540u + (u32)k)) - BIAS8;
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                const int shift = 8 * (k / 2) + ((k % 2 == 0) == LOW_FIRST ? 0 : 4);
+                f[k] = u2f(0x4B000000u | (((w[0] >> shift) & 0xfu) ^ FLIP4)) - BIAS4;
+            }
+        }
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// The quantizer.
+//
+// The tensor is cut into `chunks` chunks of L elements: one group (L = G), or, on the
+// general 4-bit path, two groups when G is odd, so that no byte of packed codes straddles
+// two chunks. A run of TPG threads (a team) owns a chunk at a time; each thread holds UPT
+// units of it, and GPI chunks are loaded before the first is reduced, so GPI * UPT loads
+// are in flight per thread. UPT == 0 streams a chunk too long to hold, reading it twice.
+// `mode` and the seed words are the format's run-time options.
+
+// Adds a unit whose elements from local index G on belong to the chunk's second group.
+template <typename T, int VEC>
+__device__ __forceinline__ void add_split(MinMax<T> (&acc)[2], const Vec<T, VEC>& v, i64 el, i64 G) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+        if (el + k >= G) acc[1].add(v.v[k]); else acc[0].add(v.v[k]);
+    }
+}
+
+template <int TPG> struct TeamBlock { enum { value = TPG > 256 ? TPG : 256 }; };
+
+struct QuantArgs {
+    i64 chunks, L, G;
+    int mode;
+    u32 seed_lo, seed_hi;
+};
+
+// Encodes one unit whose first element is element `el` of its chunk and `e` of the tensor.
+// STOCH selects the format's stochastic rounding (formats without one ignore it).
+template <class F, typename T, int VEC, int NSUB, bool CAREFUL, bool STOCH>
+__device__ __forceinline__ void emit_unit(const Vec<T, VEC>& xv, const typename F::Params (&prm)[NSUB],
+                                          const u32 (&rnd)[VEC], i64 el, i64 e, const QuantArgs& a,
+                                          u8* q, T* deq) {
+    u32 r[VEC];
+    float d[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+        if (NSUB == 2 && el + k >= a.G) {
+            r[k] = F::template encode<CAREFUL, STOCH>(to_f32(xv.v[k]), prm[NSUB - 1], rnd[k], d[k]);
+        } else {
+            r[k] = F::template encode<CAREFUL, STOCH>(to_f32(xv.v[k]), prm[0], rnd[k], d[k]);
+        }
+    }
+    store_codes<F::BITS, F::LOW_FIRST, VEC>(q, e, r);
+    if constexpr (F::DEQUANT) store_unit<T, VEC>(deq + e, round_unit<T, VEC>(d));
+}
+
+template <class P, int N> struct ParamsOf { P p[N]; };
+
+// Units of groups whose arithmetic may meet NaN or needs the slow division: rare, so one
+// out-of-line copy serves every call site.
+template <class F, typename T, int VEC, int NSUB>
+__device__ __noinline__ void emit_unit_careful(Vec<T, VEC> xv, ParamsOf<typename F::Params, NSUB> prm,
+                                               i64 el, i64 e, QuantArgs a, const u32* rbits, u8* q,
+                                               T* deq) {
+    u32 rnd[VEC];
+    F::template random<VEC>(rnd, e, a, rbits);
+    if (F::stochastic(a)) {
+        emit_unit<F, T, VEC, NSUB, true, true>(xv, prm.p, rnd, el, e, a, q, deq);
+    } else {
+        emit_unit<F, T, VEC, NSUB, true, false>(xv, prm.p, rnd, el, e, a, q, deq);
+    }
+}
+
+template <class F, typename T, int VEC, int NSUB>
+__device__ __forceinline__ void emit_unit_any(const Vec<T, VEC>& xv, const typename F::Params (&prm)[NSUB],
+                                              i64 el, i64 e, const QuantArgs& a, const u32* rbits,
+                                              u8* q, T* deq) {
+    bool careful = prm[0].careful;
+    if constexpr (NSUB == 2) careful = careful || prm[1].careful;
+    if (careful) {
+        ParamsOf<typename F::Params, NSUB> pp;
+#pragma unroll
+        for (int s = 0; s < NSUB; ++s) pp.p[s] = prm[s];
+        emit_unit_careful<F, T, VEC, NSUB>(xv, pp, el, e, a, rbits, q, deq);
+        return;
+    }
+    u32 rnd[VEC];
+    F::template random<VEC>(rnd, e, a, rbits);
+    if (F::stochastic(a)) {
+        emit_unit<F, T, VEC, NSUB, false, true>(xv, prm, rnd, el, e, a, q, deq);
+    } else {
+        emit_unit<F, T, VEC, NSUB, false, false>(xv, prm, rnd, el, e, a, q, deq);
+    }
+}
+
+// Reduces the accumulators of a team and prepares the parameters of its groups.
+// A chunk of one group copies its parameters to the second slot, which then stays unused.
+template <class F, typename T, int TPG, int NSUB>
+__device__ __forceinline__ void finish_stats(const MinMax<T> (&acc)[NSUB], typename F::Params (&prm)[NSUB],
+                                             const QuantArgs& a, u32* scratch, i64 groups_per_chunk) {
+    typedef MinMax<T> Acc;
+    u32 w[Acc::WORDS * NSUB];
+#pragma unroll
+    for (int s = 0; s < NSUB; ++s) acc[s].pack(w + s * Acc::WORDS);
+    team_reduce<TPG, Acc>(w, scratch);
+#pragma unroll
+    for (int s = 0; s < NSUB; ++s) {
+        float lo, hi;
+        Acc::unpack(w + s * Acc::WORDS, lo, hi);
+        prm[s] = F::template prepare<T>(lo, hi, a);
+    }
+    if constexpr (NSUB == 2) {
+        if (groups_per_chunk == 1) prm[1] = prm[0];
+    }
+}
+
+template <class F, typename T, int VEC, int TPG, int UPT, int GPI>
+__global__ void __launch_bounds__(TeamBlock<TPG>::value)
+quantize_groups(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ p0,
+                void* __restrict__ p1, T* __restrict__ deq, const u32* __restrict__ rbits,
+                i64 chunks, i64 L, i64 G, int mode, u32 seed_lo, u32 seed_hi) {
+    typedef MinMax<T> Acc;
+    typedef typename F::Params Params;
+    constexpr int THREADS = TeamBlock<TPG>::value, SLOTS = THREADS / TPG;
+    constexpr int NSUB = VEC == 2 ? 2 : 1;   // the general 4-bit path may pair odd groups
+    __shared__ u32 scratch[Acc::WORDS * NSUB * (THREADS / 32)];
+    const QuantArgs a{chunks, L, G, mode, seed_lo, seed_hi};
+    const int lane = threadIdx.x % TPG, slot = threadIdx.x / TPG;
+    const i64 groups_per_chunk = L / G;
+
+    for (i64 base = (i64)blockIdx.x * SLOTS * GPI; base < chunks; base += (i64)gridDim.x * SLOTS * GPI) {
+        if constexpr (UPT == 0) {
+            constexpr int U = 4;
+            const i64 cid = base + slot;
+            const i64 len = cid < chunks ? L : 0;
+            const i64 off = cid * L;
+            Acc acc[NSUB];
+            for (i64 el0 = (i64)lane * VEC; el0 < len; el0 += (i64)U * TPG * VEC) {
+                Vec<T, VEC> tmp[U];
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const i64 el = el0 + (i64)k * TPG * VEC;
+                    if (el < len) tmp[k] = load_unit<T, VEC>(x + off + el);
+                }
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const i64 el = el0 + (i64)k * TPG * VEC;
+                    if (el < len) {
+                        if constexpr (NSUB == 1) {
+                            acc[0].add_vec(tmp[k]);
+                        } else {
+                            add_split(acc, tmp[k], el, G);
+                        }
+                    }
+                }
+            }
+            Params prm[NSUB];
+            finish_stats<F, T, TPG, NSUB>(acc, prm, a, scratch, groups_per_chunk);
+            if (len > 0 && lane == 0) {
+#pragma unroll
+                for (int s = 0; s < NSUB; ++s)
+                    if (s < groups_per_chunk) F::template store_params<T>(prm[s], cid * groups_per_chunk + s, p0, p1, a);
+            }
+            for (i64 el0 = (i64)lane * VEC; el0 < len; el0 += (i64)U * TPG * VEC) {
+                Vec<T, VEC> tmp[U];
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const i64 el = el0 + (i64)k * TPG * VEC;
+                    if (el < len) tmp[k] = load_unit<T, VEC>(x + off + el);
+                }
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const i64 el = el0 + (i64)k * TPG * VEC;
+                    if (el < len) emit_unit_any<F, T, VEC, NSUB>(tmp[k], prm, el, off + el, a, rbits, q, deq);
+                }
+            }
+        } else {
+            Vec<T, VEC> buf[GPI][UPT];
+            i64 off[GPI], len[GPI];
+#pragma unroll
+            for (int u = 0; u < GPI; ++u) {
+                const i64 cid = base + (i64)u * SLOTS + slot;
+                len[u] = cid < chunks ? L : 0;
+                off[u] = cid * L;
+#pragma unroll
+                for (int j = 0; j < UPT; ++j) {
+                    const i64 el = (i64)(lane + j * TPG) * VEC;
+                    if (el < len[u]) buf[u][j] = load_unit<T, VEC>(x + off[u] + el);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < GPI; ++u) {
+                Acc acc[NSUB];
+#pragma unroll
+                for (int j = 0; j < UPT; ++j) {
+                    const i64 el = (i64)(lane + j * TPG) * VEC;
+                    if (el < len[u]) {
+                        if constexpr (NSUB == 1) {
+                            acc[0].add_vec(buf[u][j]);
+                        } else {
+                            add_split(acc, buf[u][j], el, G);
+                        }
+                    }
+                }
+                Params prm[NSUB];
+                finish_stats<F, T, TPG, NSUB>(acc, prm, a, scratch, groups_per_chunk);
+                const i64 cid = base + (i64)u * SLOTS + slot;
+                if (len[u] > 0 && lane == 0) {
+#pragma unroll
+                    for (int s = 0; s < NSUB; ++s)
+                        if (s < groups_per_chunk) F::template store_params<T>(prm[s], cid * groups_per_chunk + s, p0, p1, a);
+                }
+#pragma unroll
+                for (int j = 0; j < UPT; ++j) {
+                    const i64 el = (i64)(lane + j * TPG) * VEC;
+                    if (el < len[u]) emit_unit_any<F, T, VEC, NSUB>(buf[u][j], prm, el, off[u] + el, a, rbits, q, deq);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The dequantizer: units of VEC elements, UNROLL units a thread, loads first.
+// D::Params holds what a group contributes; D::load(g, p0, p1) reads it, D::value(code, p)
+// makes the float32 result. On the fast path (VEC = 8) a unit lies in one group:
+// g = unit / (G / 8); on the general path each element finds its own group: g = e / G.
+
+template <class D, typename Tout, int VEC, int UNROLL>
+__device__ __forceinline__ void dequant_units(const u8* __restrict__ q, const void* __restrict__ p0,
+                                              const void* __restrict__ p1, Tout* __restrict__ out,
+                                              i64 first, i64 step, i64 n_units, const FastDiv& div) {
+    constexpr int NP = VEC == 8 ? 1 : VEC;   // parameter sets a unit needs
+    CodeUnit<D::BITS, VEC> c[UNROLL];
+    typename D::Params prm[UNROLL][NP];
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+        const i64 u = first + k * step;
+        if (u < n_units) {
+            c[k].load(q, u * VEC);
+#pragma unroll
+            for (int j = 0; j < NP; ++j) prm[k][j] = D::load(div.div(NP == 1 ? u : u * VEC + j), p0, p1);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+        const i64 u = first + k * step;
+        if (u < n_units) {
+            float f[VEC];
+            c[k].template decode<D::SIGNED, D::LOW_FIRST>(f);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) f[j] = D::value(f[j], prm[k][NP == 1 ? 0 : j]);
+            store_unit<Tout, VEC>(out + u * VEC, round_unit<Tout, VEC>(f));
+        }
+    }
+}
+
+constexpr int DQ_THREADS = 256, DQ_UNROLL = 4;
+
+// n_units units of VEC elements; div divides by the units of a group (VEC = 8) or by G.
+template <class D, typename Tout, int VEC>
+__global__ void __launch_bounds__(DQ_THREADS)
+dequantize_groups(const u8* __restrict__ q, const void* __restrict__ p0, const void* __restrict__ p1,
+                  Tout* __restrict__ out, i64 n_units, i64 d, u32 magic, u32 shift) {
+    const FastDiv div{d, magic, shift};
+    constexpr i64 TILE = (i64)DQ_THREADS * DQ_UNROLL;
+    for (i64 t = blockIdx.x; t * TILE < n_units; t += gridDim.x)
+        dequant_units<D, Tout, VEC, DQ_UNROLL>(q, p0, p1, out, t * TILE + threadIdx.x, DQ_THREADS, n_units, div);
+}
+
+}  // namespace cq

@@ -1,0 +1,153 @@
+// Group-wise integer quantization in DeepSpeed's format (SPEC section 5), its inverse, and
+// the batched inverse (many tensors, one launch).
+//
+//   quantize_groups<DeepSpeed<BITS>, T, ...>    codes and params [groups, 1 or 2]; the
+//                                               symmetry is the run-time `mode` (1 = sym)
+//   dequantize_groups<DeepSpeedCodes<BITS, SYM>, Tout, VEC>
+//   dequantize_batched<Tout>                    a table of tensors, each its own bits,
+//                                               symmetry, group size and path
+#include "groups.cuh"
+
+namespace cq {
+
+// Symmetric:  m = max|x|; mult = 1 if m == 0 else 2**BITS / (2 m); offset = 0 (exactly:
+//             x - (+0) is x for every x, -0 included), params [1 / mult].
+// Asymmetric: mult = 1 if hi == lo else 2**BITS / (hi - lo); offset = (hi + lo) * 0.5;
+//             params [1 / mult, offset].
+// Code: clamp(rne((x - offset) * mult), -2**(BITS-1), 2**(BITS-1) - 1), NaN giving 0;
+// 4-bit codes are packed with the first element of a pair in the high nibble.
+template <int B>
+struct DeepSpeed {
+    static constexpr int BITS = B;
+    static constexpr bool LOW_FIRST = false, DEQUANT = false;
+    struct Params {
+        float mult, offset, inv;
+        bool careful;   // mult is 0, inf or NaN, or offset is not finite: NaN can arise
+    };
+
+    template <typename T>
+    __device__ static __forceinline__ Params prepare(float lo, float hi, const QuantArgs& a) {
+        constexpr float RANGE = (float)(1 << BITS);
+        Params p;
+        if (a.mode) {
+            const float m = fmax_nan(fabs_bits(lo), fabs_bits(hi));
+            p.mult = f2u(m) == 0u ? 1.0f : div_rn(RANGE, mul_rn(m, 2.0f));
+            p.offset = 0.0f;
+        } else {
+            p.mult = feq(hi, lo) ? 1.0f : div_rn(RANGE, sub_rn(hi, lo));
+            p.offset = mul_rn(add_rn(hi, lo), 0.5f);
+        }
+        p.inv = div_rn(1.0f, p.mult);
+        const u32 mb = f2u(p.mult);
+        p.careful = !(mb != 0u && mb < 0x7f800000u && finite(p.offset));
+        return p;
+    }
+
+    template <typename T>
+    __device__ static __forceinline__ void store_params(const Params& p, i64 g, void* p0, void*,
+                                                        const QuantArgs& a) {
+        float* out = static_cast<float*>(p0);
+        if (a.mode) {
+            out[g] = p.inv;
+        } else {
+            Vec<float, 2> v;
+            v.v[0] = p.inv;
+            v.v[1] = p.offset;
+            store_vec<float, 2>(out + 2 * g, v);
+        }
+    }
+
+    template <int VEC>
+    __device__ static __forceinline__ void random(u32 (&r)[VEC], i64, const QuantArgs&, const u32*) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) r[k] = 0u;
+    }
+
+    __device__ static __forceinline__ bool stochastic(const QuantArgs&) { return false; }
+
+    // The code in the low BITS bits of the result.
+    template <bool CAREFUL, bool>
+    __device__ static __forceinline__ u32 encode(float x, const Params& p, u32, float&) {
+        constexpr float LO = -(float)(1 << (BITS - 1)), HI = (float)((1 << (BITS - 1)) - 1);
+        const float v = mul_rn(sub_rn(x, p.offset), p.mult);
+        const u32 r = f2u(add_rn(fclamp(v, LO, HI), CQ_MAGIC));
+        if (CAREFUL && is_nan(v)) return 0u;
+        return r;
+    }
+};
+
+// Dequantization: sym dtype(f32(q) * p0); asym dtype(f32(f32(q) * p0) + p1).
+template <int BITS_, bool SYM>
+struct DeepSpeedCodes {
+    static constexpr int BITS = BITS_;
+    static constexpr bool SIGNED = true, LOW_FIRST = false;
+    struct Params { float inv, offset; };
+    __device__ static __forceinline__ Params load(i64 g, const void* p0, const void*) {
+        const float* p = static_cast<const float*>(p0);
+        Params r;
+        if constexpr (SYM) {
+            r.inv = p[g];
+            r.offset = 0.0f;
+        } else {
+            const Vec<float, 2> v = load_vec<float, 2>(p + 2 * g);
+            r.inv = v.v[0];
+            r.offset = v.v[1];
+        }
+        return r;
+    }
+    __device__ static __forceinline__ float value(float c, const Params& p) {
+        const float y = mul_rn(c, p.inv);
+        return SYM ? y : add_rn(y, p.offset);
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// Batched dequantization. The host writes one BatchItem per tensor (int64 words, in this
+// order) and the blocks of all tensors form one grid: block b serves the last item whose
+// block_start <= b, covering DQ_THREADS * DQ_UNROLL units of it.
+
+struct BatchItem {
+    const u8* q;
+    const float* params;
+    void* out;
+    i64 n_units;      // units of VEC elements (VEC = 8 on the fast path, else 1 or 2)
+    i64 d;            // divisor: units per group (fast path) or G (general path)
+    i64 block_start;  // first block of this item
+    u64 magic_shift;  // FastDiv magic (low word) and shift (high word) of d
+    i64 kind;         // bit 0: 4-bit codes, bit 1: symmetric, bit 2: fast path
+};
+
+template <typename Tout, int BITS, bool SYM>
+__device__ __forceinline__ void batched_item(const BatchItem& it, bool fast, i64 first, const FastDiv& div) {
+    typedef DeepSpeedCodes<BITS, SYM> D;
+    Tout* out = static_cast<Tout*>(it.out);
+    if (fast) {
+        dequant_units<D, Tout, 8, DQ_UNROLL>(it.q, it.params, nullptr, out, first, DQ_THREADS, it.n_units, div);
+    } else {
+        dequant_units<D, Tout, BITS == 4 ? 2 : 1, DQ_UNROLL>(it.q, it.params, nullptr, out, first,
+                                                             DQ_THREADS, it.n_units, div);
+    }
+}
+
+template <typename Tout>
+__global__ void __launch_bounds__(DQ_THREADS)
+dequantize_batched(const BatchItem* __restrict__ items, int n_items) {
+    int lo = 0, hi = n_items - 1;
+    const i64 b = blockIdx.x;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (items[mid].block_start <= b) lo = mid; else hi = mid - 1;
+    }
+    const BatchItem it = items[lo];
+    const FastDiv div{it.d, (u32)(it.magic_shift & 0xffffffffu), (u32)(it.magic_shift >> 32)};
+    const i64 first = (b - it.block_start) * DQ_THREADS * DQ_UNROLL + threadIdx.x;
+    const bool fast = (it.kind & 4) != 0;
+    switch (it.kind & 3) {
+        case 0: batched_item<Tout, 8, false>(it, fast, first, div); break;
+        case 1: batched_item<Tout, 4, false>(it, fast, first, div); break;
+        case 2: batched_item<Tout, 8, true>(it, fast, first, div); break;
+        default: batched_item<Tout, 4, true>(it, fast, first, div); break;
+    }
+}
+
+}  // namespace cq

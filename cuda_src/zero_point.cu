@@ -1,0 +1,153 @@
+// Group-wise quantization with a zero point and optional stochastic rounding (lmdeploy's
+// QuantizeGroupwise, SPEC section 6), and its inverse.
+//
+//   quantize_groups<ZeroPoint<BITS>, T, ...>    codes, scales, zeros and the reconstruction;
+//                                               `mode` picks the rounding (ZpMode)
+//   dequantize_groups<ZeroPointCodes<BITS, TS>, Tout, VEC>
+#include "groups.cuh"
+
+namespace cq {
+
+enum ZpMode { ZP_NEAREST = 0, ZP_RBITS = 1, ZP_PHILOX = 2 };
+
+// Philox4x32-10 (Salmon et al., 2011): counter (c0..c3), key (k0, k1). Not inlined: the
+// quantizer calls it from many unrolled places and 80 instructions each would bloat it.
+struct Words4 { u32 w[4]; };
+
+__device__ __noinline__ Words4 philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
+#pragma unroll
+    for (int i = 0; i < 10; ++i) {
+        const u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        const u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return Words4{{c0, c1, c2, c3}};
+}
+
+// The words of block `c` (elements 4c .. 4c + 3) under a seed: counter (c low word,
+// c high word, 0, 0), key (seed low word, seed high word).
+__device__ __forceinline__ Words4 philox_block(u64 c, u32 seed_lo, u32 seed_hi) {
+    return philox4x32_10((u32)c, (u32)(c >> 32), 0u, 0u, seed_lo, seed_hi);
+}
+
+// s = T(max(hi - lo, f32(1e-5)) / (2**BITS - 1)); z = clamp(rne(-lo / s), 0, 2**BITS - 1);
+// q = clamp(R(x / s) + z, 0, 2**BITS - 1), R rne or stochastic; NaN gives code 0;
+// reconstruction T(f32(q - z) * s). Codes are unsigned, 4-bit ones packed first-low.
+//
+// With integer bounds, clamp(R(v) + z, 0, Q) equals R(clamp(v, -z, Q - z)) + z for both
+// roundings, and the clamped value is small enough for the 1.5 * 2**23 rounding trick.
+template <int B>
+struct ZeroPoint {
+    static constexpr int BITS = B;
+    static constexpr bool LOW_FIRST = true, DEQUANT = true;
+    static constexpr int QMAX = (1 << B) - 1;
+    struct Params {
+        DivPlan plan;
+        float s, z, lo_b, hi_b;
+        u32 zi;
+        bool careful;   // s is inf or NaN, or x / s needs div.rn (see prepare)
+    };
+
+    template <typename T>
+    __device__ static __forceinline__ Params prepare(float lo, float hi, const QuantArgs&) {
+        Params p;
+        const float range = fmax_nan(sub_rn(hi, lo), u2f(0x3727C5ACu));   // f32(1e-5)
+        p.s = to_f32(from_f32<T>(div_rn(range, (float)QMAX)));
+        const float zq = div_rn(fneg(lo), p.s);
+        p.zi = is_nan(zq) ? 0u : f2u(add_rn(fclamp(zq, 0.0f, (float)QMAX), CQ_MAGIC)) - CQ_MAGIC_BITS;
+        p.z = (float)p.zi;
+        p.lo_b = fneg(p.z);
+        p.hi_b = (float)(QMAX - (int)p.zi);
+        p.plan = plan_division(p.s);
+        // divide() is exact while |x| <= 2**9 s; beyond, this group takes div.rn.
+        const float amax = fmax_nan(fabs_bits(lo), fabs_bits(hi));
+        if (!(f2u(amax) <= f2u(mul_rn(p.s, 512.0f)))) p.plan.exact = true;
+        p.careful = p.plan.exact || !finite(p.s);
+        return p;
+    }
+
+    template <typename T>
+    __device__ static __forceinline__ void store_params(const Params& p, i64 g, void* p0, void* p1,
+                                                        const QuantArgs&) {
+        static_cast<T*>(p0)[g] = from_f32<T>(p.s);
+        static_cast<T*>(p1)[g] = from_f32<T>(p.z);
+    }
+
+    // The random words of the unit at element e.
+    template <int VEC>
+    __device__ static __forceinline__ void random(u32 (&r)[VEC], i64 e, const QuantArgs& a, const u32* rbits) {
+        if (a.mode == ZP_RBITS) {
+            const Vec<u32, VEC> w = load_unit<u32, VEC>(rbits + e);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) r[k] = w.v[k];
+        } else if (a.mode == ZP_PHILOX) {
+            if constexpr (VEC % 4 == 0) {   // e is a multiple of 4: whole blocks
+#pragma unroll
+                for (int k = 0; k < VEC; k += 4) {
+                    const Words4 b = philox_block((u64)(e + k) >> 2, a.seed_lo, a.seed_hi);
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) r[k + j] = b.w[j];
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) {
+                    const Words4 b = philox_block((u64)(e + k) >> 2, a.seed_lo, a.seed_hi);
+                    const int j = (int)((e + k) & 3);
+                    r[k] = j == 0 ? b.w[0] : j == 1 ? b.w[1] : j == 2 ? b.w[2] : b.w[3];
+                }
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) r[k] = 0u;
+        }
+    }
+
+    // The code in the low BITS bits of the result; d gets f32(q - z) * s.
+    __device__ static __forceinline__ bool stochastic(const QuantArgs& a) { return a.mode != ZP_NEAREST; }
+
+    // CAREFUL divides with div.rn (any x, any s) and maps NaN to code 0; otherwise the
+    // group's plan divides exactly without a branch.
+    template <bool CAREFUL, bool STOCH>
+    __device__ static __forceinline__ u32 encode(float x, const Params& p, u32 rnd, float& d) {
+        DivPlan plan = p.plan;
+        plan.exact = CAREFUL;
+        const float v = divide(x, plan);
+        if (CAREFUL && is_nan(v)) {
+            d = mul_rn(sub_rn(0.0f, p.z), p.s);
+            return 0u;
+        }
+        const float c = fclamp(v, p.lo_b, p.hi_b);
+        if (!STOCH) {
+            const float r = add_rn(c, CQ_MAGIC);
+            d = mul_rn(sub_rn(r, CQ_MAGIC), p.s);   // rne(c) = q - z
+            return f2u(r) + p.zi;
+        }
+        const float r = add_rm(c, CQ_MAGIC);        // floor(c) + 1.5 * 2**23
+        const float fl = sub_rn(r, CQ_MAGIC);
+        const float t = mul_rn(sub_rn(c, fl), 16777216.0f);
+        const u32 up = flt((float)(rnd >> 8), t) ? 1u : 0u;
+        d = mul_rn(add_rn(fl, (float)up), p.s);      // fl + up = q - z
+        return f2u(r) + up + p.zi;
+    }
+};
+
+// Dequantization: Tout(f32(f32(q) - f32(z)) * f32(s)), s and z of type TS.
+template <int B, typename TS>
+struct ZeroPointCodes {
+    static constexpr int BITS = B;
+    static constexpr bool SIGNED = false, LOW_FIRST = true;
+    struct Params { float s, z; };
+    __device__ static __forceinline__ Params load(i64 g, const void* p0, const void* p1) {
+        return Params{to_f32(static_cast<const TS*>(p0)[g]), to_f32(static_cast<const TS*>(p1)[g])};
+    }
+    __device__ static __forceinline__ float value(float c, const Params& p) {
+        return mul_rn(sub_rn(c, p.z), p.s);
+    }
+};
+
+}  // namespace cq
