@@ -74,33 +74,30 @@ load_group_vec(const Tin* x, const float* smooth) {
     }
 }
 
-// Threads of a block; stages of the shared-memory load ring (STAGES - 1 groups in flight
-// per thread run besides the one being computed); blocks per multiprocessor the compiler
-// must fit (80 registers).
-template <int TPG> struct RowGroupShape {
+// How a row-group kernel keeps loads in flight (LOAD): DIRECT loads the current group and
+// relies on other resident blocks to overlap (the grid covers the work once); PREFETCH
+// loads the next group into registers before computing the current one; RING copies the
+// next STAGES - 1 groups into the thread's own slots of a shared-memory ring (cp.async).
+// PREFETCH and RING use a persistent grid.
+enum LoadMode { DIRECT = 0, PREFETCH = 1, RING = 2 };
+
+template <int TPG, int LOAD, int MINB> struct RowGroupShape {
     enum {
         threads = TPG > 256 ? TPG : 256,
         stages = TPG > 256 ? 2 : 4,
-        min_blocks = TPG > 256 ? 1 : 3
+        min_blocks = MINB > 0 ? MINB : (TPG > 256 ? 1 : (LOAD == DIRECT ? 4 : 3))
     };
 };
-
-// Bytes of dynamic shared memory a row-group kernel needs (the host asks the same).
-template <typename Tin, int VEC, int TPG, int VPT>
-constexpr int row_group_smem() {
-    return sizeof(Vec<Tin, VEC>) == 16 && VPT > 0
-               ? RowGroupShape<TPG>::stages * VPT * RowGroupShape<TPG>::threads * 16 : 0;
-}
 
 // ---------------------------------------------------------------------------------------
 // Row groups. The input is [rows, K]; each row is cut into groups of G elements (the last
 // may be shorter). A run of TPG threads owns one group at a time, each thread VPT vectors
-// of it; the grid is persistent. With 16-byte vectors, each thread copies the vectors of
-// its next STAGES - 1 groups into its own slots of a shared-memory ring (cp.async) while
-// it computes the current one, so the memory system stays busy. VPT == 0 streams groups
-// too long to hold (two reads). SMOOTH divides x by smooth[k] first (G must then be K).
-template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, bool SMOOTH>
-__global__ void __launch_bounds__(RowGroupShape<TPG>::threads, RowGroupShape<TPG>::min_blocks)
+// of it. VPT == 0 streams groups too long to hold (two reads). SMOOTH divides x by
+// smooth[k] first (G must then be K). LOAD and MINB are tuning knobs (see above).
+template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, bool SMOOTH,
+          int LOAD = DIRECT, int MINB = 0>
+__global__ void __launch_bounds__(RowGroupShape<TPG, LOAD, MINB>::threads,
+                                  RowGroupShape<TPG, LOAD, MINB>::min_blocks)
 quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                     float* __restrict__ scale, const float* __restrict__ smooth,
                     i64 rows, i64 K, i64 G, i64 groups_per_row, u32 gpr_magic, u32 gpr_shift,
@@ -109,9 +106,10 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
     typedef typename Code::T CodeT;
     typedef typename Conditional<SMOOTH, float, Tin>::type Tv;   // what is quantized
     typedef Vec<Tin, VEC> V;
-    constexpr int THREADS = RowGroupShape<TPG>::threads, SLOTS = THREADS / TPG;
-    constexpr int STAGES = RowGroupShape<TPG>::stages;
-    constexpr bool RING = sizeof(V) == 16 && VPT > 0;
+    constexpr int THREADS = RowGroupShape<TPG, LOAD, MINB>::threads, SLOTS = THREADS / TPG;
+    constexpr int STAGES = RowGroupShape<TPG, LOAD, MINB>::stages;
+    constexpr bool USE_RING = LOAD == RING && sizeof(V) == 16 && VPT > 0;
+    constexpr bool USE_PREFETCH = LOAD == PREFETCH && VPT > 0;
     constexpr int NV = VPT > 0 ? VPT : 1;
     extern __shared__ __align__(16) unsigned char ring_bytes[];
     __shared__ u32 scratch[THREADS / 32];
@@ -136,6 +134,13 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
         w.last_row = live && r == rows - 1;
         return w;
     };
+    auto load = [&](V (&raw)[NV], const Where& w) {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const i64 e = (i64)(lane + j * TPG) * VEC;
+            if (e < w.len) raw[j] = load_vec<Tin, VEC>(x + w.offset + e);
+        }
+    };
     // Copies this thread's vectors of the group at `base` into ring stage `st`.
     auto issue = [&](i64 base, int st) {
         const Where w = where(base);
@@ -159,50 +164,57 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
         }
         return s;
     };
+    // Reduce, scale and store one held group.
+    auto quantize_held = [&](const V (&raw)[NV], const Where& w) {
+        Vec<Tv, VEC> val[NV];
+        AbsMax<Tv> acc;
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const i64 e = (i64)(lane + j * TPG) * VEC;
+            if (e < w.len) {
+                if constexpr (SMOOTH) {
+                    val[j] = smooth_vec<Tin, VEC>(raw[j], load_vec<float, VEC>(smooth + e).v);
+                } else {
+                    val[j] = raw[j];
+                }
+                acc.add(val[j]);
+            }
+        }
+        const float s = finish_scale(group_max<TPG>(acc.bits(), scratch), w);
+        const DivPlan plan = plan_division(s);
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const i64 e = (i64)(lane + j * TPG) * VEC;
+            if (e < w.len)
+                store_vec<CodeT, VEC>(q + w.offset + e, quantize_vec<Tv, Code, VEC>(val[j], plan));
+        }
+    };
 
     i64 base = (i64)blockIdx.x * SLOTS;
-    if constexpr (RING) {
+    V nxt[NV];
+    if constexpr (USE_RING) {
 #pragma unroll
         for (int st = 0; st < STAGES - 1; ++st) issue(base + st * stride, st);
+    } else if constexpr (USE_PREFETCH) {
+        load(nxt, where(base));
     }
     for (int st = 0; base < total; base += stride, st = st + 1 == STAGES ? 0 : st + 1) {
         const Where w = where(base);
         if constexpr (VPT > 0) {
             V raw[NV];
-            if constexpr (RING) {
+            if constexpr (USE_RING) {
                 issue(base + (STAGES - 1) * stride, st == 0 ? STAGES - 1 : st - 1);
                 cp_async_wait<STAGES - 1>();   // this group's copies have landed
 #pragma unroll
                 for (int j = 0; j < NV; ++j) raw[j] = ring[(st * NV + j) * THREADS + threadIdx.x];
+            } else if constexpr (USE_PREFETCH) {
+#pragma unroll
+                for (int j = 0; j < NV; ++j) raw[j] = nxt[j];
+                load(nxt, where(base + stride));   // in flight while this group is computed
             } else {
-#pragma unroll
-                for (int j = 0; j < NV; ++j) {
-                    const i64 e = (i64)(lane + j * TPG) * VEC;
-                    if (e < w.len) raw[j] = load_vec<Tin, VEC>(x + w.offset + e);
-                }
+                load(raw, w);
             }
-            Vec<Tv, VEC> val[NV];
-            AbsMax<Tv> acc;
-#pragma unroll
-            for (int j = 0; j < NV; ++j) {
-                const i64 e = (i64)(lane + j * TPG) * VEC;
-                if (e < w.len) {
-                    if constexpr (SMOOTH) {
-                        val[j] = smooth_vec<Tin, VEC>(raw[j], load_vec<float, VEC>(smooth + e).v);
-                    } else {
-                        val[j] = raw[j];
-                    }
-                    acc.add(val[j]);
-                }
-            }
-            const float s = finish_scale(group_max<TPG>(acc.bits(), scratch), w);
-            const DivPlan plan = plan_division(s);
-#pragma unroll
-            for (int j = 0; j < NV; ++j) {
-                const i64 e = (i64)(lane + j * TPG) * VEC;
-                if (e < w.len)
-                    store_vec<CodeT, VEC>(q + w.offset + e, quantize_vec<Tv, Code, VEC>(val[j], plan));
-            }
+            quantize_held(raw, w);
         } else {
             // Streamed: the group is read twice (the second read mostly hits L2).
             constexpr int U = 4;
@@ -236,7 +248,7 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
             }
         }
     }
-    if constexpr (RING) cp_async_wait<0>();
+    if constexpr (USE_RING) cp_async_wait<0>();
 }
 
 // ---------------------------------------------------------------------------------------
