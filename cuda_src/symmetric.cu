@@ -359,26 +359,26 @@ quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 }
 
 // ---------------------------------------------------------------------------------------
-// 128x128 tiles of an [N, K] matrix, edge tiles partial. A block of 512 threads owns one
-// tile at a time (32 elements a thread); the grid is persistent and, with 16-byte vectors,
-// each thread copies its share of the next TILE_STAGES - 1 tiles into its own slots of a
-// shared-memory ring while it computes. scale is [tiles_n, tiles_k] row-major.
-constexpr int TILE_THREADS = 512, TILE_STAGES = 3;
+// 128x128 tiles of an [N, K] matrix, edge tiles partial; one block of THREADS threads owns
+// a tile at a time, held in registers (128 * 128 / THREADS elements a thread). LOAD as for
+// row groups: DIRECT (a grid that covers the tiles once) or RING (persistent, the next
+// tiles copied into a shared-memory ring). scale is [tiles_n, tiles_k] row-major.
+constexpr int TILE_STAGES = 3;
 
-template <typename Tin, int VEC>
+template <typename Tin, int VEC, int THREADS>
 constexpr int tile_smem() {
-    return sizeof(Vec<Tin, VEC>) == 16 ? TILE_STAGES * (128 / (TILE_THREADS / (128 / VEC))) * TILE_THREADS * 16 : 0;
+    return sizeof(Vec<Tin, VEC>) == 16 ? TILE_STAGES * (128 / (THREADS / (128 / VEC))) * THREADS * 16 : 0;
 }
 
-template <typename Tin, typename Code, int VEC>
-__global__ void __launch_bounds__(TILE_THREADS, 1)
+template <typename Tin, typename Code, int VEC, int THREADS = 256, int LOAD = DIRECT, int MINB = 3>
+__global__ void __launch_bounds__(THREADS, MINB)
 quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                float* __restrict__ scale, i64 N, i64 K, i64 tiles_n, i64 tiles_k, float inv_qmax) {
     typedef typename Code::T CodeT;
     typedef Vec<Tin, VEC> V;
-    constexpr int THREADS = TILE_THREADS, TILE = 128, COLV = TILE / VEC, RPP = THREADS / COLV,
-                  PASSES = TILE / RPP, STAGES = TILE_STAGES;
-    constexpr bool RING = sizeof(V) == 16;
+    constexpr int TILE = 128, COLV = TILE / VEC, RPP = THREADS / COLV, PASSES = TILE / RPP,
+                  STAGES = TILE_STAGES;
+    constexpr bool USE_RING = LOAD == RING && sizeof(V) == 16;
     extern __shared__ __align__(16) unsigned char ring_bytes[];
     __shared__ u32 scratch[THREADS / 32];
     V* ring = reinterpret_cast<V*>(ring_bytes);
@@ -407,14 +407,14 @@ quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
     };
 
     i64 t = blockIdx.x;
-    if constexpr (RING) {
+    if constexpr (USE_RING) {
 #pragma unroll
         for (int st = 0; st < STAGES - 1; ++st) issue(t + (i64)st * gridDim.x, st);
     }
     for (int st = 0; t < ntiles; t += gridDim.x, st = st + 1 == STAGES ? 0 : st + 1) {
         const Where w = where(t);
         V buf[PASSES];
-        if constexpr (RING) {
+        if constexpr (USE_RING) {
             issue(t + (i64)(STAGES - 1) * gridDim.x, st == 0 ? STAGES - 1 : st - 1);
             cp_async_wait<STAGES - 1>();
 #pragma unroll
@@ -437,7 +437,7 @@ quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
             if (w.col_ok && p * RPP < w.rows_left)
                 store_vec<CodeT, VEC>(q + w.off + (i64)p * RPP * K, quantize_vec<Tin, Code, VEC>(buf[p], plan));
     }
-    if constexpr (RING) cp_async_wait<0>();
+    if constexpr (USE_RING) cp_async_wait<0>();
 }
 
 // ---------------------------------------------------------------------------------------
