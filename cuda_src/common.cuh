@@ -215,6 +215,26 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 
+// A 16-byte load that asks L2 to fetch the whole 256-byte span around it: neighbouring
+// loads then hit L2, which raises the bytes in flight without holding more registers.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_l2wide(const T* p) {
+    if constexpr (sizeof(Vec<T, N>) == 16) {
+        Vec<T, N> v;
+        u32* w = reinterpret_cast<u32*>(&v);
+        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
+        return v;
+    } else {
+        return load_vec<T, N>(p);
+    }
+}
+
+// Starts moving a line into L2 (no register is written).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+
 // A vector's elements as floats (exact). 16-bit types are unpacked two per 32-bit word.
 template <typename T, int N>
 __device__ __forceinline__ void unpack(const Vec<T, N>& x, float* f) {

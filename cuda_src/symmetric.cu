@@ -78,8 +78,10 @@ load_group_vec(const Tin* x, const float* smooth) {
 // relies on other resident blocks to overlap (the grid covers the work once); PREFETCH
 // loads the next group into registers before computing the current one; RING copies the
 // next STAGES - 1 groups into the thread's own slots of a shared-memory ring (cp.async).
-// PREFETCH and RING use a persistent grid.
-enum LoadMode { DIRECT = 0, PREFETCH = 1, RING = 2 };
+// L2WIDE is DIRECT with loads that fetch 256-byte spans into L2; L2AHEAD is persistent and
+// prefetches the next group into L2 (no registers) before loading the current one.
+// PREFETCH, RING and L2AHEAD use a persistent grid.
+enum LoadMode { DIRECT = 0, PREFETCH = 1, RING = 2, L2WIDE = 3, L2AHEAD = 4 };
 
 template <int TPG, int LOAD, int MINB> struct RowGroupShape {
     enum {
@@ -138,7 +140,13 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
             const i64 e = (i64)(lane + j * TPG) * VEC;
-            if (e < w.len) raw[j] = load_vec<Tin, VEC>(x + w.offset + e);
+            if (e < w.len) {
+                if constexpr (LOAD == L2WIDE) {
+                    raw[j] = load_vec_l2wide<Tin, VEC>(x + w.offset + e);
+                } else {
+                    raw[j] = load_vec<Tin, VEC>(x + w.offset + e);
+                }
+            }
         }
     };
     // Copies this thread's vectors of the group at `base` into ring stage `st`.
@@ -212,6 +220,14 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                 for (int j = 0; j < NV; ++j) raw[j] = nxt[j];
                 load(nxt, where(base + stride));   // in flight while this group is computed
             } else {
+                if constexpr (LOAD == L2AHEAD) {
+                    const Where nw = where(base + stride);
+#pragma unroll
+                    for (int j = 0; j < NV; ++j) {
+                        const i64 e = (i64)(lane + j * TPG) * VEC;
+                        if (e < nw.len) prefetch_l2(x + nw.offset + e);
+                    }
+                }
                 load(raw, w);
             }
             quantize_held(raw, w);
