@@ -202,39 +202,6 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
     *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
 
-// Asynchronous 16-byte copies global -> shared (sm_80+): loads in flight without holding
-// registers. A thread waits only for its own copies, so no barrier is needed when every
-// thread reads back just what it copied.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    u32 s;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
-
-// A 16-byte load that asks L2 to fetch the whole 256-byte span around it: neighbouring
-// loads then hit L2, which raises the bytes in flight without holding more registers.
-template <typename T, int N>
-__device__ __forceinline__ Vec<T, N> load_vec_l2wide(const T* p) {
-    if constexpr (sizeof(Vec<T, N>) == 16) {
-        Vec<T, N> v;
-        u32* w = reinterpret_cast<u32*>(&v);
-        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-            : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
-        return v;
-    } else {
-        return load_vec<T, N>(p);
-    }
-}
-
-// Starts moving a line into L2 (no register is written).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
-}
-
 // A vector's elements as floats (exact). 16-bit types are unpacked two per 32-bit word.
 template <typename T, int N>
 __device__ __forceinline__ void unpack(const Vec<T, N>& x, float* f) {

@@ -24,10 +24,27 @@ ZERO_IS_ONE, FLOOR_EPS, FLOOR_EPS_POW2 = 0, 1, 2
 
 TENSOR_CACHE = 4  # vectors per thread the per-tensor kernel keeps on chip
 
-# (threads per group, vectors per thread). Four vectors a thread keep four 16-byte loads in
-# flight besides the next group's, and amortize the per-group work; vectors per thread 0
-# means the group is streamed (read twice) instead of held.
-GEOMETRIES = ([(1, 1), (1, 2)] + [(1 << i, 4) for i in range(11)] + [(1024, 0)])
+# (threads per group, vectors per thread). Four 16-byte vectors a thread for groups up to
+# 256 vectors, eight beyond (measured fastest on an H200); SmoothQuant, which holds float32
+# values, keeps four. Vectors per thread 0 means the group is streamed (read twice).
+def geometries(smooth: bool) -> list[tuple[int, int]]:
+    """Every geometry `geometry` can pick."""
+    held = [(1 << i, 4) for i in range(11 if smooth else 7)]
+    if not smooth:
+        held += [(1 << i, 8) for i in range(5, 10)]
+    return [(1, 1), (1, 2)] + held + [(1024, 0)]
+
+
+def geometry(nvec: int, smooth: bool = False) -> tuple[int, int]:
+    """The geometry for groups of up to `nvec` vectors."""
+    if nvec <= 2:
+        return (1, max(nvec, 1))
+    if nvec <= 256 or (smooth and nvec <= 4096):
+        return (1 << (-(-nvec // 4) - 1).bit_length(), 4)
+    if not smooth and nvec <= 4096:
+        return (1 << (-(-nvec // 8) - 1).bit_length(), 8)
+    return (1024, 0)
+
 
 # (code, rule, smooth) combinations the public ops use.
 ROW_GROUP_KINDS = (
@@ -41,15 +58,6 @@ ROW_GROUP_KINDS = (
 def vector_width(t: FloatType) -> int:
     """Elements of t in one 16-byte access."""
     return 16 // t.numpy.itemsize
-
-
-def geometry(nvec: int) -> tuple[int, int]:
-    """The geometry for groups of up to `nvec` vectors."""
-    if nvec <= 2:
-        return (1, max(nvec, 1))
-    if nvec <= 4096:
-        return (1 << (-(-nvec // 4) - 1).bit_length(), 4)
-    return (1024, 0)
 
 
 def _b(v: bool) -> str:
@@ -85,8 +93,9 @@ def specializations():
     """Every (source, name expression) this module can launch."""
     for t in FLOATS.values():
         for vec in (vector_width(t), 1):
-            for (code, rule, smooth), geom in itertools.product(ROW_GROUP_KINDS, GEOMETRIES):
-                yield SRC, row_groups_expr(t, code, rule, vec, geom, smooth)
+            for code, rule, smooth in ROW_GROUP_KINDS:
+                for geom in geometries(smooth):
+                    yield SRC, row_groups_expr(t, code, rule, vec, geom, smooth)
             for code in (INT8, E4M3):
                 yield SRC, tensor_expr(t, code, vec)
                 yield SRC, static_expr(t, code, vec)
@@ -111,32 +120,21 @@ def _contiguous(x):
 # ---------------------------------------------------------------------------------------
 # Launchers
 
-def _ring_bytes(vec_bytes: int, geom) -> int:
-    """Dynamic shared memory of a row-group kernel (cuda_src: row_group_smem)."""
-    tpg, vpt = geom
-    if vec_bytes != 16 or vpt == 0:
-        return 0
-    threads = max(tpg, 256)
-    stages = 2 if tpg > 256 else 4
-    return stages * vpt * threads * 16
-
-
 def _row_groups_plan(t, code, rule, k, group, vec, smooth, device):
     gpr = -(-k // group)
-    geom = geometry(-(-min(group, k) // vec))
+    geom = geometry(-(-min(group, k) // vec), smooth)
     fn = _kernels.function(SRC, row_groups_expr(t, code, rule, vec, geom, smooth), device)
     threads = max(geom[0], 256)
-    smem = _ring_bytes(vec * t.numpy.itemsize, geom)
-    launch = _gpu.Launch(fn, 15, smem)
-    resident = _gpu.resident_blocks(fn, device, threads, smem)
-    return launch, threads, threads // geom[0], gpr, _gpu.fastdiv(gpr), resident
+    return _gpu.Launch(fn, 15), threads, threads // geom[0], gpr, _gpu.fastdiv(gpr)
 
 
 def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
-                        eps: float = 0.0, smooth=None, scale_layout: str = "row", scale_shape=None):
+                        eps_bits: int = 0, smooth=None, scale_layout: str = "row",
+                        scale_shape=None, q_shape=None):
     """x: C-contiguous [rows, K]. Returns (q [rows, K], scale [rows, ceil(K/group)]) where
     scale is a strided view of a [groups, round_up(rows, 4)] buffer for layout "column";
-    `scale_shape` allocates the row layout in another shape of the same size."""
+    `q_shape` and `scale_shape` allocate the outputs in other shapes of the same sizes.
+    eps_bits is the float32 floor of FLOOR_EPS rules, as bits."""
     cp = cupy_module()
     rows, k = x.shape
     vec = 16 // t.numpy.itemsize
@@ -148,8 +146,8 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
     if plan is None:
         plan = _plans[key] = _row_groups_plan(t, code, rule, k, group, vec, smooth is not None,
                                               device)
-    launch, threads, per_block, gpr, (magic, shift), resident = plan
-    q = cp.empty((rows, k), dtype=_code_dtype(code))
+    launch, threads, per_block, gpr, (magic, shift) = plan
+    q = cp.empty(q_shape if q_shape is not None else (rows, k), dtype=_code_dtype(code))
     if scale_layout == "column":
         m4 = -(-rows // 4) * 4
         buf = cp.empty((gpr, m4), dtype=np.float32)
@@ -163,10 +161,9 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
         if pad:
             buf.fill(0)
         return q, scale
-    grid = min(-(-(rows * gpr) // per_block), resident)  # persistent: loops over groups
-    launch(grid, threads, stream,
+    launch(min(-(-(rows * gpr) // per_block), 1 << 20), threads, stream,
            (x.data.ptr, q.data.ptr, buf.data.ptr, 0 if smooth is None else smooth.data.ptr, rows,
-            k, group, gpr, magic, shift, srs, sgs, pad, code.inv_qmax_bits, _gpu.f32_bits(eps)))
+            k, group, gpr, magic, shift, srs, sgs, pad, code.inv_qmax_bits, eps_bits))
     return q, scale
 
 
@@ -219,14 +216,6 @@ def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, s
     return q, scale_out
 
 
-def _tile_bytes(vec_bytes: int, vec: int) -> int:
-    """Dynamic shared memory of the tile kernel (cuda_src: tile_smem)."""
-    if vec_bytes != 16:
-        return 0
-    passes = 128 // (512 // (128 // vec))
-    return 3 * passes * 512 * 16
-
-
 def quantize_tiles(stream, w, t: FloatType, code: CodeType):
     """128x128 tiles of w [N, K]. Returns (q, scale [ceil(N/128), ceil(K/128)])."""
     cp = cupy_module()
@@ -241,13 +230,10 @@ def quantize_tiles(stream, w, t: FloatType, code: CodeType):
         vec = 1
     device = w.data.device_id
     key = ("tiles", t.name, code.name, vec, device)
-    plan = _plans.get(key)
-    if plan is None:
-        fn = _kernels.function(SRC, tiles_expr(t, code, vec), device)
-        smem = _tile_bytes(vec * t.numpy.itemsize, vec)
-        plan = _plans[key] = (_gpu.Launch(fn, 8, smem), _gpu.resident_blocks(fn, device, 512, smem))
-    launch, resident = plan
-    launch(min(tn * tk, resident), 512, stream,
+    launch = _plans.get(key)
+    if launch is None:
+        launch = _plans[key] = _gpu.Launch(_kernels.function(SRC, tiles_expr(t, code, vec), device), 8)
+    launch(min(tn * tk, 1 << 20), 256, stream,
            (w.data.ptr, q.data.ptr, scale.data.ptr, n, k, tn, tk, code.inv_qmax_bits))
     return q, scale
 
@@ -299,8 +285,8 @@ def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=np.float32(
     """One group per row of the last axis (any rank); the scale has shape x.shape[:-1]."""
     shape = x.shape
     k = shape[-1]
-    rows = x.size // k if k else int(np.prod(shape[:-1]))
-    x2 = _contiguous(x).reshape(rows, k)
+    if not x.flags.c_contiguous:
+        x = cupy_module().ascontiguousarray(x)
     if k == 0:  # an empty row's amax is 0
         from ._numpy import _core
 
@@ -308,16 +294,28 @@ def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=np.float32(
                 else _core.scale_floor(np.zeros(1, np.float32), eps, code))[0]
         q = cupy_module().empty(shape, dtype=_code_dtype(code))
         return _flag(code, q, cupy_module().full(shape[:-1], fill, dtype=np.float32))
-    q, scale = quantize_row_groups(stream, x2, t, code, rule, k, eps,
-                                   None if smooth is None else _contiguous(smooth))
-    return _flag(code, q.reshape(shape), scale.reshape(shape[:-1]))
+    x2 = x if x.ndim == 2 else x.reshape(-1, k)
+    q, scale = quantize_row_groups(stream, x2, t, code, rule, k, _eps_bits(eps),
+                                   None if smooth is None else _contiguous(smooth),
+                                   scale_shape=shape[:-1], q_shape=shape)
+    return _flag(code, q, scale)
+
+
+def _eps_bits(eps) -> int:
+    bits = _eps_cache.get(eps)
+    if bits is None:
+        bits = _eps_cache[eps] = _gpu.f32_bits(eps)
+    return bits
+
+
+_eps_cache: dict = {}
 
 
 def run_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
                eps=np.float32(0), scale_layout: str = "row"):
     """Groups of `group` elements along the rows of a 2-D x."""
-    return _flag(code, *quantize_row_groups(stream, _contiguous(x), t, code, rule, group, eps,
-                                            scale_layout=scale_layout))
+    return _flag(code, *quantize_row_groups(stream, _contiguous(x), t, code, rule, group,
+                                            _eps_bits(eps), scale_layout=scale_layout))
 
 
 def run_tiles(stream, w, t: FloatType, code: CodeType):
