@@ -104,7 +104,7 @@ def _baseline(kind, op, args, kwargs, timer, reps, compiled_cache):
         return timer.time_ms(lambda: fn(*targs, **kwargs), reps=reps)
 
 
-def run(opts) -> list[dict]:
+def run(opts, checkpoint=None) -> list[dict]:
     import cupy as cp
 
     env = environment()
@@ -157,6 +157,8 @@ def run(opts) -> list[dict]:
                     traceback.print_exc()
                 rows.append(row)
                 print(_line(row), flush=True)
+                if checkpoint is not None:  # partial results survive an interrupted run
+                    checkpoint(env, copy_bw, rows)
                 cp.get_default_memory_pool().free_all_blocks()
     return env, copy_bw, rows
 
@@ -223,26 +225,30 @@ def plot(rows, copy_bw, path):
     return True
 
 
-def main():
-    opts = _args()
-    env, copy_bw, rows = run(opts)
-    os.makedirs(opts.out, exist_ok=True)
-    gpu = env["gpu"].replace(" ", "-")
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d") + f"-{gpu}" + (
-        f"-{opts.tag}" if opts.tag else "")
-    base = os.path.join(opts.out, stamp)
+def write(base: str, env, copy_bw, rows, with_plot: bool = True) -> str:
     md = markdown(env, copy_bw, rows)
     with open(base + ".md", "w") as f:
         f.write(md)
     with open(base + ".csv", "w", newline="") as f:
-        keys = sorted({k for r in rows for k in r})
+        keys = [k for k, _ in COLUMNS if any(k in r for r in rows)]
+        keys += sorted({k for r in rows for k in r} - set(keys))
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    plot(rows, copy_bw, base + ".png")
-    print(md)
-    failed = [r for r in rows if "error" in r]
-    return 1 if failed else 0
+    if with_plot:
+        plot(rows, copy_bw, base + ".png")
+    return md
+
+
+def main():
+    opts = _args()
+    os.makedirs(opts.out, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    base_of = lambda env: os.path.join(opts.out, f"{stamp}-{env['gpu'].replace(' ', '-')}" + (  # noqa: E731
+        f"-{opts.tag}" if opts.tag else ""))
+    env, copy_bw, rows = run(opts, lambda e, c, r: write(base_of(e), e, c, r, with_plot=False))
+    print(write(base_of(env), env, copy_bw, rows))
+    return 1 if any("error" in r for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def copy_bandwidth(timer: Timer, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
-def host_us_per_call(fn, calls: int = 2000) -> float:
+def host_us_per_call(fn, calls: int = 1000) -> float:
     """Wall-clock microseconds per call of back-to-back calls (the GPU work of a small
     shape is shorter than the host's, so this is the host time of the call path)."""
     cp = _cp()

@@ -2,18 +2,21 @@
 // SPEC section 5) and zero_point.cu (lmdeploy format, SPEC section 6).
 //
 // A tensor is a run of `groups` groups of G consecutive elements (C order). A kernel works
-// on "units" of VEC consecutive elements: VEC = 8 on the fast path (G % 8 == 0, 16-byte
-// aligned data: one 16-byte load for 16-bit types, two for float32), VEC = 1 or 2 on the
-// general path (any G, any alignment: scalar accesses; 2 for 4-bit codes, so that a unit
-// is one byte of packed codes). The quantizer is one template over a format policy F:
+// on "units" of VEC consecutive elements: on the fast path a unit is 16 bytes of the wide
+// side (VEC = 8 for 16-bit data, 4 for float32; G % VEC == 0 and aligned data), so that
+// every lane loads or stores 16 contiguous bytes and a warp whole sectors; on the general
+// path (any G, any alignment) VEC = 1, or 2 for 4-bit codes, so that a unit is one byte
+// of packed codes, with scalar accesses. The quantizer is one template over a format
+// policy F:
 //
 //   F::BITS, F::LOW_FIRST    code width and nibble order (first element in the low nibble?)
 //   F::Params                what a group needs to encode, made by F::prepare(lo, hi, ...)
 //   F::store_params          writes a group's parameters
-//   F::encode<CAREFUL, STOCH> one element to its code (and its reconstruction, when the
+//   F::encode<CAREFUL, ALT>  one element to its code (and its reconstruction, when the
 //                            format returns one); CAREFUL handles groups whose arithmetic
-//                            can meet NaN (non-finite statistics or multipliers); STOCH
-//                            picks stochastic rounding where F::stochastic(args) says so
+//                            can meet NaN (non-finite statistics or multipliers); ALT is
+//                            the format's second variant (symmetric, stochastic), chosen
+//                            once a launch by F::alternate(args)
 //   F::random                the random words of a unit (stochastic rounding)
 //
 // Group statistics are the NaN-propagating minimum and maximum, taken with PTX
@@ -43,6 +46,11 @@ __device__ __forceinline__ float fclamp(float v, float lo, float hi) {
     float r;
     asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(v), "f"(lo));
     asm("min.f32 %0, %0, %1;" : "+f"(r) : "f"(hi));
+    return r;
+}
+__device__ __forceinline__ float fmin_num(float v, float hi) {
+    float r;
+    asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(v), "f"(hi));
     return r;
 }
 __device__ __forceinline__ bool feq(float a, float b) {
@@ -259,6 +267,8 @@ __device__ __forceinline__ void store_codes(u8* q, i64 e, const u32 (&r)[VEC]) {
             w.v[0] = pack_bytes(r[0], r[1], r[2], r[3]);
             w.v[1] = pack_bytes(r[4], r[5], r[6], r[7]);
             store_vec<u32, 2>(reinterpret_cast<u32*>(q + e), w);
+        } else if constexpr (VEC == 4) {
+            *reinterpret_cast<u32*>(q + e) = pack_bytes(r[0], r[1], r[2], r[3]);
         } else {
 #pragma unroll
             for (int k = 0; k < VEC; ++k) q[e + k] = (u8)r[k];
@@ -272,6 +282,8 @@ __device__ __forceinline__ void store_codes(u8* q, i64 e, const u32 (&r)[VEC]) {
                              : ((r[2 * j] << 4) | (r[2 * j + 1] & 0xfu));
         if constexpr (VEC == 8) {
             *reinterpret_cast<u32*>(q + e / 2) = pack_bytes(t[0], t[1], t[2], t[3]);
+        } else if constexpr (VEC == 4) {
+            *reinterpret_cast<u16*>(q + e / 2) = (u16)prmt(t[0], t[1], 0x0040u);
         } else {
 #pragma unroll
             for (int j = 0; j < VEC / 2; ++j) q[e / 2 + j] = (u8)t[j];
@@ -285,15 +297,18 @@ struct CodeUnit {
     static constexpr int WORDS = BITS * VEC > 32 ? 2 : 1;
     u32 w[WORDS];
     __device__ __forceinline__ void load(const u8* q, i64 e) {
-        if constexpr (BITS == 8 && VEC == 8) {
-            const Vec<u32, 2> v = load_vec<u32, 2>(reinterpret_cast<const u32*>(q + e));
+        const u8* p = q + (BITS == 8 ? e : e / 2);
+        if constexpr (BITS * VEC == 64) {
+            const Vec<u32, 2> v = load_vec<u32, 2>(reinterpret_cast<const u32*>(p));
             w[0] = v.v[0];
             w[1] = v.v[1];
-        } else if constexpr (BITS == 4 && VEC == 8) {
-            w[0] = *reinterpret_cast<const u32*>(q + e / 2);
+        } else if constexpr (BITS * VEC == 32) {
+            w[0] = *reinterpret_cast<const u32*>(p);
+        } else if constexpr (BITS * VEC == 16) {
+            w[0] = *reinterpret_cast<const u16*>(p);
         } else {
-            static_assert(BITS * VEC == 8, "general units are one byte");
-            w[0] = q[BITS == 8 ? e : e / 2];
+            static_assert(BITS * VEC == 8, "a unit holds 1, 2, 4 or 8 bytes of codes");
+            w[0] = *p;
         }
     }
     // As float32 (exact). SIGNED codes are two's complement.
@@ -348,8 +363,8 @@ struct QuantArgs {
 };
 
 // Encodes one unit whose first element is element `el` of its chunk and `e` of the tensor.
-// STOCH selects the format's stochastic rounding (formats without one ignore it).
-template <class F, typename T, int VEC, int NSUB, bool CAREFUL, bool STOCH>
+// ALT selects the format's second variant.
+template <class F, typename T, int VEC, int NSUB, bool CAREFUL, bool ALT>
 __device__ __forceinline__ void emit_unit(const Vec<T, VEC>& xv, const typename F::Params (&prm)[NSUB],
                                           const u32 (&rnd)[VEC], i64 el, i64 e, const QuantArgs& a,
                                           u8* q, T* deq) {
@@ -358,9 +373,9 @@ __device__ __forceinline__ void emit_unit(const Vec<T, VEC>& xv, const typename 
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
         if (NSUB == 2 && el + k >= a.G) {
-            r[k] = F::template encode<CAREFUL, STOCH>(to_f32(xv.v[k]), prm[NSUB - 1], rnd[k], d[k]);
+            r[k] = F::template encode<CAREFUL, ALT>(to_f32(xv.v[k]), prm[NSUB - 1], rnd[k], d[k]);
         } else {
-            r[k] = F::template encode<CAREFUL, STOCH>(to_f32(xv.v[k]), prm[0], rnd[k], d[k]);
+            r[k] = F::template encode<CAREFUL, ALT>(to_f32(xv.v[k]), prm[0], rnd[k], d[k]);
         }
     }
     store_codes<F::BITS, F::LOW_FIRST, VEC>(q, e, r);
@@ -377,7 +392,7 @@ __device__ __noinline__ void emit_unit_careful(Vec<T, VEC> xv, ParamsOf<typename
                                                T* deq) {
     u32 rnd[VEC];
     F::template random<VEC>(rnd, e, a, rbits);
-    if (F::stochastic(a)) {
+    if (F::alternate(a)) {
         emit_unit<F, T, VEC, NSUB, true, true>(xv, prm.p, rnd, el, e, a, q, deq);
     } else {
         emit_unit<F, T, VEC, NSUB, true, false>(xv, prm.p, rnd, el, e, a, q, deq);
@@ -399,7 +414,7 @@ __device__ __forceinline__ void emit_unit_any(const Vec<T, VEC>& xv, const typen
     }
     u32 rnd[VEC];
     F::template random<VEC>(rnd, e, a, rbits);
-    if (F::stochastic(a)) {
+    if (F::alternate(a)) {
         emit_unit<F, T, VEC, NSUB, false, true>(xv, prm, rnd, el, e, a, q, deq);
     } else {
         emit_unit<F, T, VEC, NSUB, false, false>(xv, prm, rnd, el, e, a, q, deq);
@@ -536,14 +551,15 @@ quantize_groups(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ 
 // ---------------------------------------------------------------------------------------
 // The dequantizer: units of VEC elements, UNROLL units a thread, loads first.
 // D::Params holds what a group contributes; D::load(g, p0, p1) reads it, D::value(code, p)
-// makes the float32 result. On the fast path (VEC = 8) a unit lies in one group:
-// g = unit / (G / 8); on the general path each element finds its own group: g = e / G.
+// makes the float32 result. On the fast path a unit is 16 bytes of output (VEC = 8 for
+// 16-bit types, 4 for float32) and lies in one group: g = unit / (G / VEC); on the general
+// path (VEC = 1, or 2 for 4-bit codes) each element finds its own group: g = e / G.
 
 template <class D, typename Tout, int VEC, int UNROLL>
 __device__ __forceinline__ void dequant_units(const u8* __restrict__ q, const void* __restrict__ p0,
                                               const void* __restrict__ p1, Tout* __restrict__ out,
                                               i64 first, i64 step, i64 n_units, const FastDiv& div) {
-    constexpr int NP = VEC == 8 ? 1 : VEC;   // parameter sets a unit needs
+    constexpr int NP = VEC >= 4 ? 1 : VEC;   // parameter sets a unit needs
     CodeUnit<D::BITS, VEC> c[UNROLL];
     typename D::Params prm[UNROLL][NP];
 #pragma unroll
@@ -570,15 +586,17 @@ __device__ __forceinline__ void dequant_units(const u8* __restrict__ q, const vo
 
 constexpr int DQ_THREADS = 256, DQ_UNROLL = 4;
 
-// n_units units of VEC elements; div divides by the units of a group (VEC = 8) or by G.
+// n_units units of VEC elements; div divides by the units of a group (fast path) or by G.
+// A thread's DQ_UNROLL units are a grid apart (measured faster on an H200 than a block
+// taking a contiguous chunk).
 template <class D, typename Tout, int VEC>
 __global__ void __launch_bounds__(DQ_THREADS)
 dequantize_groups(const u8* __restrict__ q, const void* __restrict__ p0, const void* __restrict__ p1,
                   Tout* __restrict__ out, i64 n_units, i64 d, u32 magic, u32 shift) {
     const FastDiv div{d, magic, shift};
-    constexpr i64 TILE = (i64)DQ_THREADS * DQ_UNROLL;
-    for (i64 t = blockIdx.x; t * TILE < n_units; t += gridDim.x)
-        dequant_units<D, Tout, VEC, DQ_UNROLL>(q, p0, p1, out, t * TILE + threadIdx.x, DQ_THREADS, n_units, div);
+    const i64 step = (i64)gridDim.x * DQ_THREADS;
+    for (i64 u = (i64)blockIdx.x * DQ_THREADS + threadIdx.x; u < n_units; u += step * DQ_UNROLL)
+        dequant_units<D, Tout, VEC, DQ_UNROLL>(q, p0, p1, out, u, step, n_units, div);
 }
 
 }  // namespace cq

@@ -63,14 +63,24 @@ struct DeepSpeed {
         for (int k = 0; k < VEC; ++k) r[k] = 0u;
     }
 
-    __device__ static __forceinline__ bool stochastic(const QuantArgs&) { return false; }
+    // The symmetric variant, compiled apart: no offset to subtract, and one clamp, since
+    // |x| <= m bounds x * mult by 2**(BITS-1) (1 + 2**-23): only 2**(BITS-1) itself rounds
+    // out of range, while below the codes reach -2**(BITS-1) exactly.
+    __device__ static __forceinline__ bool alternate(const QuantArgs& a) { return a.mode != 0; }
 
     // The code in the low BITS bits of the result.
-    template <bool CAREFUL, bool>
+    template <bool CAREFUL, bool SYM>
     __device__ static __forceinline__ u32 encode(float x, const Params& p, u32, float&) {
         constexpr float LO = -(float)(1 << (BITS - 1)), HI = (float)((1 << (BITS - 1)) - 1);
-        const float v = mul_rn(sub_rn(x, p.offset), p.mult);
-        const u32 r = f2u(add_rn(fclamp(v, LO, HI), CQ_MAGIC));
+        float v, c;
+        if constexpr (SYM && !CAREFUL) {
+            v = mul_rn(x, p.mult);
+            c = fmin_num(v, HI);
+        } else {
+            v = SYM ? mul_rn(x, p.mult) : mul_rn(sub_rn(x, p.offset), p.mult);
+            c = fclamp(v, LO, HI);
+        }
+        const u32 r = f2u(add_rn(c, CQ_MAGIC));
         if (CAREFUL && is_nan(v)) return 0u;
         return r;
     }
@@ -104,13 +114,14 @@ struct DeepSpeedCodes {
 // ---------------------------------------------------------------------------------------
 // Batched dequantization. The host writes one BatchItem per tensor (int64 words, in this
 // order) and the blocks of all tensors form one grid: block b serves the last item whose
-// block_start <= b, covering DQ_THREADS * DQ_UNROLL units of it.
+// block_start <= b. An item has ceil(units / (DQ_THREADS * DQ_UNROLL)) blocks, and a
+// thread's units are those blocks' width apart, as in dequantize_groups.
 
 struct BatchItem {
     const u8* q;
     const float* params;
     void* out;
-    i64 n_units;      // units of VEC elements (VEC = 8 on the fast path, else 1 or 2)
+    i64 n_units;      // units of VEC elements (16 bytes of output on the fast path, else 1 or 2)
     i64 d;            // divisor: units per group (fast path) or G (general path)
     i64 block_start;  // first block of this item
     u64 magic_shift;  // FastDiv magic (low word) and shift (high word) of d
@@ -118,14 +129,16 @@ struct BatchItem {
 };
 
 template <typename Tout, int BITS, bool SYM>
-__device__ __forceinline__ void batched_item(const BatchItem& it, bool fast, i64 first, const FastDiv& div) {
+__device__ __forceinline__ void batched_item(const BatchItem& it, bool fast, i64 first, i64 step,
+                                             const FastDiv& div) {
     typedef DeepSpeedCodes<BITS, SYM> D;
     Tout* out = static_cast<Tout*>(it.out);
     if (fast) {
-        dequant_units<D, Tout, 8, DQ_UNROLL>(it.q, it.params, nullptr, out, first, DQ_THREADS, it.n_units, div);
+        dequant_units<D, Tout, 16 / sizeof(Tout), DQ_UNROLL>(it.q, it.params, nullptr, out, first,
+                                                             step, it.n_units, div);
     } else {
         dequant_units<D, Tout, BITS == 4 ? 2 : 1, DQ_UNROLL>(it.q, it.params, nullptr, out, first,
-                                                             DQ_THREADS, it.n_units, div);
+                                                             step, it.n_units, div);
     }
 }
 
@@ -140,13 +153,15 @@ dequantize_batched(const BatchItem* __restrict__ items, int n_items) {
     }
     const BatchItem it = items[lo];
     const FastDiv div{it.d, (u32)(it.magic_shift & 0xffffffffu), (u32)(it.magic_shift >> 32)};
-    const i64 first = (b - it.block_start) * DQ_THREADS * DQ_UNROLL + threadIdx.x;
+    constexpr i64 TILE = (i64)DQ_THREADS * DQ_UNROLL;
+    const i64 blocks = (it.n_units + TILE - 1) / TILE;
+    const i64 first = (b - it.block_start) * DQ_THREADS + threadIdx.x, step = blocks * DQ_THREADS;
     const bool fast = (it.kind & 4) != 0;
     switch (it.kind & 3) {
-        case 0: batched_item<Tout, 8, false>(it, fast, first, div); break;
-        case 1: batched_item<Tout, 4, false>(it, fast, first, div); break;
-        case 2: batched_item<Tout, 8, true>(it, fast, first, div); break;
-        default: batched_item<Tout, 4, true>(it, fast, first, div); break;
+        case 0: batched_item<Tout, 8, false>(it, fast, first, step, div); break;
+        case 1: batched_item<Tout, 4, false>(it, fast, first, step, div); break;
+        case 2: batched_item<Tout, 8, true>(it, fast, first, step, div); break;
+        default: batched_item<Tout, 4, true>(it, fast, first, step, div); break;
     }
 }
 

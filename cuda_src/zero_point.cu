@@ -108,7 +108,8 @@ struct ZeroPoint {
     }
 
     // The code in the low BITS bits of the result; d gets f32(q - z) * s.
-    __device__ static __forceinline__ bool stochastic(const QuantArgs& a) { return a.mode != ZP_NEAREST; }
+    // The stochastic variant, compiled apart.
+    __device__ static __forceinline__ bool alternate(const QuantArgs& a) { return a.mode != ZP_NEAREST; }
 
     // CAREFUL divides with div.rn (any x, any s) and maps NaN to code 0; otherwise the
     // group's plan divides exactly without a branch.

@@ -8,6 +8,7 @@ large inputs on the device."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -42,6 +43,7 @@ class Op:
     cupy_ref: Callable | None = None
     notes: str = ""
     fp8_outputs: tuple = field(default=())
+    bench_dtype: str | None = None   # the benchmark's input dtype (default bfloat16)
 
     @property
     def fn(self):
@@ -262,9 +264,10 @@ def declared_names() -> set[str]:
     return {op.name for op in OPS}
 
 
-def extend(ops) -> None:
+def extend(ops, bench_dtype: str | None = None) -> None:
     """Families declared in their own modules add themselves here."""
-    OPS.extend(ops)
+    for op in ops:
+        OPS.append(dataclasses.replace(op, bench_dtype=bench_dtype) if bench_dtype else op)
 
 
 _LOADED = False

@@ -1,5 +1,703 @@
-"""Group-wise integer quantization in DeepSpeed's format (SPEC section 5). Not built yet."""
+"""Group-wise integer quantization in DeepSpeed's format (SPEC section 5), INT4 per group
+(TileOPs' INT4QuantPerGroupFwdOp), and batched dequantization.
+
+Groups are runs of `group_size` consecutive elements of the C-order flattened tensor; any
+group size that divides the size works. Per group, with lo/hi its minimum/maximum and
+m = max|x|:
+
+- symmetric: ``mult = 1 if m == 0 else f32(2**bits) / f32(2 m)``, params ``[1 / mult]``,
+  ``q = clamp(rne(x * mult), -2**(bits-1), 2**(bits-1) - 1)``;
+- asymmetric: ``mult = 1 if hi == lo else f32(2**bits) / (hi - lo)``,
+  ``offset = (hi + lo) * 0.5``, params ``[1 / mult, offset]``,
+  ``q = clamp(rne((x - offset) * mult), ...)``.
+
+A NaN product gives code 0. 4-bit codes are packed two a byte, the first element of each
+pair in the high nibble (int8 storage). Dequantization is ``dtype(f32(q) * p0)``
+(symmetric) or ``dtype(f32(f32(q) * p0) + p1)`` (asymmetric).
+
+This module also holds the GPU launchers of cuda_src/groups.cuh, which zero_point.py shares.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from . import _numpy
+from ._dtypes import FLOATS, INT4, INT8, FloatType
+from ._numpy.groupwise import packed_shape, unpacked_shape
+from ._op import HOST, contiguous, host_results, intake, out_dtype, run_gpu, same_place, stream_of, v
+
+SRC = "groupwise.cu"
+BITS = (4, 8)
+
+__all__ = ["quantize_groupwise", "dequantize_groupwise", "dequantize_groupwise_batched",
+           "quantize_int4_per_group", "dequantize_int4_per_group"]
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks shared with zero_point.py
+
+def check_bits(bits, op: str, arg: str = "bits") -> int:
+    b = v.check_int(bits, op, arg)
+    v.check_choice(b, op, arg, BITS)
+    return b
+
+
+def check_bool(value, op: str, arg: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{op}: {arg} must be a bool (True or False); got {value!r}")
+    return bool(value)
+
+
+def check_group_size(group_size, op: str, n: int, what: str = "the size of x",
+                     arg: str = "group_size") -> int:
+    g = v.check_int(group_size, op, arg, minimum=1)
+    if n % g:
+        raise ValueError(f"{op}: {arg} must divide {what} ({n}); got {g}")
+    return g
+
+
+def check_even_last(a, op: str, arg: str, bits: int) -> None:
+    shape = tuple(a.data.shape)
+    if bits == 4 and (len(shape) == 0 or shape[-1] % 2):
+        raise ValueError(f"{op}: {arg} must have an even last axis for bits=4 (two codes a "
+                         f"byte); got shape {shape}")
+
+
+def code_dtype(bits: int) -> np.dtype:
+    """DeepSpeed codes: int8 storage for both widths (4-bit ones packed two a byte)."""
+    return (INT4 if bits == 4 else INT8).numpy
+
+
+def _code_input(a, op: str, arg: str, dtype) -> None:
+    if a.data.dtype != dtype:
+        raise TypeError(f"{op}: {arg} must be {np.dtype(dtype).name}; got {v.dtype_name(a)}")
+
+
+# ---------------------------------------------------------------------------------------
+# Geometry and specializations of the kernels in cuda_src/groups.cuh
+
+# (threads per team, units per thread, chunks per team and iteration); 0 units per thread
+# streams a chunk (reads it twice). Fast-path units are 16 bytes of the input.
+FAST_GEOMETRIES = (
+    [(1 << i, 1, 4) for i in range(9)]                  # up to 256 units, one a thread
+    + [(256, 2, 2), (256, 4, 1), (256, 8, 1)]           # up to 2048 units
+    + [(1024, 4, 1), (1024, 8, 1)]                      # up to 8192 units
+    + [(512, 0, 1)]                                     # longer: streamed
+)
+GENERAL_GEOMETRIES = [(1 << i, 1, 4) for i in range(9)] + [(256, 0, 1)]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def geometry(units: int, fast: bool, big: bool = True) -> tuple[int, int, int]:
+    """The geometry for chunks of `units` units; `big`: 1024-thread teams allowed (formats
+    whose out-of-line careful path fits the 64 registers such a block leaves a thread)."""
+    if units <= 256:
+        return (_pow2(units), 1, 4)
+    if not fast:
+        return (256, 0, 1)
+    if units <= 2048:
+        upt = _pow2(-(-units // 256))
+        return (256, upt, 2 if upt == 2 else 1)
+    if big and units <= 8192:
+        return (1024, _pow2(-(-units // 1024)), 1)
+    return (512, 0, 1)
+
+
+def fast_geometries(big: bool = True):
+    return [g for g in FAST_GEOMETRIES if big or g[0] != 1024]
+
+
+def fast_vec(t: FloatType) -> int:
+    """Elements of a fast-path unit: 16 bytes of t."""
+    return 16 // t.numpy.itemsize
+
+
+def general_vec(bits: int) -> int:
+    """Elements of a general-path unit: one byte of codes."""
+    return 2 if bits == 4 else 1
+
+
+def quant_expr(fmt: str, t: FloatType, vec: int, geom) -> str:
+    tpg, upt, gpi = geom
+    return f"cq::quantize_groups<{fmt}, {t.cxx}, {vec}, {tpg}, {upt}, {gpi}>"
+
+
+def quant_specializations(src: str, fmt_of_bits, types, big: bool = True):
+    for t, bits in itertools.product(types, BITS):
+        for geom in fast_geometries(big):
+            yield src, quant_expr(fmt_of_bits(bits), t, fast_vec(t), geom)
+        for geom in GENERAL_GEOMETRIES:
+            yield src, quant_expr(fmt_of_bits(bits), t, general_vec(bits), geom)
+
+
+def _ds_format(bits: int) -> str:
+    return f"cq::DeepSpeed<{bits}>"
+
+
+def _ds_codes(bits: int, symmetric: bool) -> str:
+    return f"cq::DeepSpeedCodes<{bits}, {'true' if symmetric else 'false'}>"
+
+
+def dequant_expr(codes: str, out: FloatType, vec: int) -> str:
+    return f"cq::dequantize_groups<{codes}, {out.cxx}, {vec}>"
+
+
+def batched_expr(out: FloatType) -> str:
+    return f"cq::dequantize_batched<{out.cxx}>"
 
 
 def specializations():
-    return iter(())
+    """Every (source, name expression) this module can launch."""
+    yield from quant_specializations(SRC, _ds_format, FLOATS.values())
+    for bits, sym, out in itertools.product(BITS, (False, True), FLOATS.values()):
+        for vec in (fast_vec(out), general_vec(bits)):
+            yield SRC, dequant_expr(_ds_codes(bits, sym), out, vec)
+    for out in FLOATS.values():
+        yield SRC, batched_expr(out)
+
+
+# ---------------------------------------------------------------------------------------
+# Launchers
+
+def _kernels():
+    from . import _kernels as k
+
+    return k
+
+
+def _gpu():
+    from . import _gpu as g
+
+    return g
+
+
+def aligned(*arrays, to: int = 16) -> bool:
+    return all(a.data.ptr % to == 0 for a in arrays)
+
+
+_plans: dict = {}
+
+
+def _ptr(a) -> int:
+    return 0 if a is None else a.data.ptr
+
+
+def _quant_plan(src, fmt, t, vec, geom, device):
+    key = ("quant", src, fmt, t.name, vec, geom, device)
+    plan = _plans.get(key)
+    if plan is None:
+        gpu = _gpu()
+        fn = _kernels().function(src, quant_expr(fmt, t, vec, geom), device)
+        threads = max(geom[0], 256)
+        plan = _plans[key] = (gpu.Launch(fn, 12), threads, (threads // geom[0]) * geom[2],
+                              gpu.resident_blocks(fn, device, threads))
+    return plan
+
+
+def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, q,
+                    p0, p1=None, deq=None, rbits=None, mode: int = 0, seed: int = 0,
+                    big: bool = True) -> None:
+    """Run quantize_groups over the C-contiguous x (n elements, n % g == 0) into the
+    allocated outputs. The fast path needs g to be a multiple of a 16-byte unit and 16-byte
+    aligned x (and rbits); otherwise units are one byte of codes and a chunk is two groups
+    when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on the
+    device at once."""
+    n = x.size
+    if n == 0:
+        return
+    vec = fast_vec(t)
+    fast = g % vec == 0 and aligned(x, *(() if rbits is None else (rbits,)))
+    if fast:
+        length = g
+    else:
+        vec = general_vec(bits)
+        length = 2 * g if (bits == 4 and g % 2) else g
+    geom = geometry(length // vec, fast, big)
+    launch, threads, per_block, resident = _quant_plan(src, fmt_of_bits(bits), t, vec, geom,
+                                                       x.data.device_id)
+    chunks = n // length
+    launch(min(-(-chunks // per_block), resident), threads, stream,
+           (x.data.ptr, q.data.ptr, p0.data.ptr, _ptr(p1), _ptr(deq), _ptr(rbits), chunks, length,
+            g, mode, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF))
+
+
+DQ_TILE = 256 * 4  # units per block (DQ_THREADS * DQ_UNROLL in groups.cuh)
+
+
+def dequant_plan(n: int, g: int, bits: int, out: FloatType, q, *params):
+    """(vec, units, divisor) of a dequantization: the fast path (16 bytes of output a unit)
+    wants g a multiple of the unit, codes aligned to their bytes of a unit and 8-byte
+    aligned parameters."""
+    vec = fast_vec(out)
+    if g % vec == 0 and aligned(q, to=vec * bits // 8) and aligned(*params, to=8):
+        return vec, n // vec, g // vec
+    vec = general_vec(bits)
+    return vec, n // vec, g
+
+
+def launch_dequantize(stream, src: str, codes: str, out: FloatType, bits: int, g: int, q, p0,
+                      p1, res) -> None:
+    n = res.size
+    if n == 0:
+        return
+    vec, units, d = dequant_plan(n, g, bits, out, q, *([p0] if p1 is None else []))
+    device = q.data.device_id
+    key = ("dequant", src, codes, out.name, vec, d, device)
+    plan = _plans.get(key)
+    if plan is None:
+        fn = _kernels().function(src, dequant_expr(codes, out, vec), device)
+        plan = _plans[key] = (_gpu().Launch(fn, 8),) + tuple(_gpu().fastdiv(d))
+    launch, magic, shift = plan
+    launch(min(-(-units // DQ_TILE), 1 << 20), 256, stream,
+           (q.data.ptr, p0.data.ptr, _ptr(p1), res.data.ptr, units, d, magic, shift))
+
+
+def _cp():
+    return _kernels().require_cupy("cuquant")
+
+
+def _gpu_quantize(stream, x, t, bits, sym, g):
+    cp = _cp()
+    xc = contiguous(x)
+    q = cp.empty(packed_shape(x.shape, bits), dtype=code_dtype(bits))
+    params = cp.empty((x.size // g, 1 if sym else 2), dtype=np.float32)
+    launch_quantize(stream, SRC, _ds_format, xc, t, bits, g, q, params, mode=int(sym))
+    return (q, False), (params, False)
+
+
+def _params_ready(p):
+    """Parameters as the kernels read them: C-contiguous and 8-byte aligned."""
+    p = contiguous(p)
+    return p if p.data.ptr % 8 == 0 else p.copy()
+
+
+def _gpu_dequantize(stream, q, params, bits, sym, g, out):
+    cp = _cp()
+    qc = contiguous(q)
+    res = cp.empty(unpacked_shape(q.shape, bits), dtype=out.numpy)
+    launch_dequantize(stream, SRC, _ds_codes(bits, sym), out, bits, g, qc, _params_ready(params),
+                      None, res)
+    return ((res, False),)
+
+
+# ---------------------------------------------------------------------------------------
+# Public ops
+
+def quantize_groupwise(x, bits, symmetric, group_size, *, stream=None):
+    """Quantize groups of consecutive elements to 4- or 8-bit integers, DeepSpeed's format.
+
+    Parameters
+    ----------
+    x : array, any shape, float16, bfloat16 or float32
+        NumPy, CuPy, PyTorch, JAX or any DLPack array. Groups are runs of `group_size`
+        elements of x flattened in C order.
+    bits : {4, 8}
+    symmetric : bool
+        True: one multiplier per group from max|x|. False: a multiplier from the range
+        ``hi - lo`` and an offset ``(hi + lo) / 2``.
+    group_size : int >= 1
+        Must divide ``x.size``; need not be a multiple of 8, nor <= 16384.
+    stream : CuPy stream, torch.cuda.Stream or int, optional
+        Stream of a GPU call; the current CuPy stream by default.
+
+    Returns
+    -------
+    q : int8 array
+        bits=8: shape of x, codes in [-128, 127]. bits=4: shape
+        ``x.shape[:-1] + (x.shape[-1] // 2,)`` (the last axis of x must be even), two codes
+        in [-8, 7] a byte, the first of each pair in the high nibble.
+    params : float32 array [x.size // group_size, 1] (symmetric) or [..., 2] (asymmetric)
+        ``[1 / mult]`` or ``[1 / mult, offset]`` per group: ``x ~= q * p0 (+ p1)``.
+    """
+    op = "quantize_groupwise"
+    s = stream_of(stream, op)
+    b = check_bits(bits, op)
+    sym = check_bool(symmetric, op, "symmetric")
+    a = intake(x, op, "x", s)
+    t = v.check_float(a, op, "x")
+    g = check_group_size(group_size, op, a.data.size)
+    check_even_last(a, op, "x", b)
+    if a.device == HOST:
+        return host_results(a, _numpy.quantize_groupwise(a.data, b, sym, g))
+    return run_gpu(a, s, _gpu_quantize, a.data, t, b, sym, g)
+
+
+def _dequant_checks(op, a, params, bits, symmetric, group_size, dtype, s, q_arg="q",
+                    prefix=""):
+    """Checks of a dequantizer whose codes `a` (taken in) are DeepSpeed codes; `prefix`
+    names the item of a batch."""
+    b = check_bits(bits, op, prefix + "bits")
+    sym = check_bool(symmetric, op, prefix + "symmetric")
+    out = out_dtype(dtype, op)
+    _code_input(a, op, q_arg, code_dtype(b))
+    if b == 4 and a.data.ndim == 0:
+        raise ValueError(f"{op}: {q_arg} must have at least one axis for bits=4; got shape ()")
+    n = a.data.size * (2 if b == 4 else 1)
+    g = check_group_size(group_size, op, n, f"the element count of {q_arg}", prefix + "group_size")
+    p_arg = prefix + "params"
+    p = intake(params, op, p_arg, s)
+    v.check_float(p, op, p_arg, {"float32": FLOATS["float32"]})
+    v.check_shape(p, op, p_arg, (n // g, 1 if sym else 2),
+                  f"[groups, {'1' if sym else '2'}] ({'symmetric' if sym else 'asymmetric'}, "
+                  f"{n // g} groups of {g})")
+    same_place(op, (q_arg, a), (p_arg, p))
+    return b, sym, out, p, g
+
+
+def dequantize_groupwise(q, params, bits, symmetric, group_size, dtype, *, stream=None):
+    """Dequantize the codes of `quantize_groupwise`.
+
+    Parameters
+    ----------
+    q : int8 array
+        bits=8: one code a byte; bits=4: two a byte, first element in the high nibble.
+    params : float32 array [groups, 1] (symmetric) or [groups, 2] (asymmetric)
+        groups = elements / group_size, elements = q.size (bits=8) or 2 * q.size (bits=4).
+    bits : {4, 8}
+    symmetric : bool
+    group_size : int >= 1
+    dtype : float16, bfloat16 or float32 (NumPy, ml_dtypes, torch or JAX dtype, or name)
+    stream : optional
+
+    Returns
+    -------
+    x : array of `dtype`
+        Shape of q, the last axis doubled for bits=4. Symmetric ``dtype(f32(q) * p0)``,
+        asymmetric ``dtype(f32(f32(q) * p0) + p1)``.
+    """
+    op = "dequantize_groupwise"
+    s = stream_of(stream, op)
+    a = intake(q, op, "q", s)
+    b, sym, out, p, g = _dequant_checks(op, a, params, bits, symmetric, group_size, dtype, s)
+    if a.device == HOST:
+        return host_results(a, _numpy.dequantize_groupwise(a.data, p.data, b, sym, g, out))
+    return run_gpu(a, s, _gpu_dequantize, a.data, p.data, b, sym, g, out)
+
+
+def quantize_int4_per_group(w, group_size=128, *, stream=None):
+    """TileOPs' INT4QuantPerGroupFwdOp: asymmetric 4-bit groups along K of a weight.
+
+    Parameters
+    ----------
+    w : array [N, K], float16, bfloat16 or float32
+        K must be even and a multiple of `group_size`.
+    group_size : int >= 1, default 128
+    stream : optional
+
+    Returns
+    -------
+    packed : int8 array [N, K / 2]
+        Codes in [-8, 7], the first of each pair in the high nibble.
+    params : float32 array [N * K / group_size, 2]
+        ``[1 / mult, offset]`` per group, row-major over (n, k // group_size).
+    """
+    op = "quantize_int4_per_group"
+    s = stream_of(stream, op)
+    a = intake(w, op, "w", s)
+    t = v.check_float(a, op, "w")
+    v.check_ndim(a, op, "w", 2, "[N, K]")
+    k = a.data.shape[1]
+    g = check_group_size(group_size, op, k, "K, the columns of w")
+    check_even_last(a, op, "w", 4)
+    if a.device == HOST:
+        return host_results(a, _numpy.quantize_int4_per_group(a.data, g))
+    return run_gpu(a, s, _gpu_quantize, a.data, t, 4, False, g)
+
+
+def dequantize_int4_per_group(packed, params, dtype, group_size=128, *, stream=None):
+    """Dequantize `quantize_int4_per_group`: ``dtype(f32(f32(q) * p0) + p1)``.
+
+    Parameters
+    ----------
+    packed : int8 array [N, K / 2]
+    params : float32 array [N * K / group_size, 2]
+    dtype : float16, bfloat16 or float32
+    group_size : int >= 1, default 128 (must divide K)
+    stream : optional
+
+    Returns
+    -------
+    w : array of `dtype`, [N, K]
+    """
+    op = "dequantize_int4_per_group"
+    s = stream_of(stream, op)
+    a = intake(packed, op, "packed", s)
+    v.check_ndim(a, op, "packed", 2, "[N, K / 2]")
+    k = 2 * a.data.shape[1]
+    check_group_size(group_size, op, k, "K = 2 * packed.shape[1]")
+    _, _, out, p, g = _dequant_checks(op, a, params, 4, False, group_size, dtype, s, q_arg="packed")
+    if a.device == HOST:
+        return host_results(a, _numpy.dequantize_int4_per_group(a.data, p.data, out, g))
+    return run_gpu(a, s, _gpu_dequantize, a.data, p.data, 4, False, g, out)
+
+
+# ---------------------------------------------------------------------------------------
+# Batched dequantization
+
+_ITEM_KEYS = ("q", "params", "bits", "symmetric", "group_size")
+
+
+def _item_fields(item, op: str, i: int):
+    if isinstance(item, dict):
+        missing = [k for k in _ITEM_KEYS if k not in item]
+        if missing:
+            raise ValueError(f"{op}: items[{i}] lacks {', '.join(missing)}; each item needs "
+                             f"{', '.join(_ITEM_KEYS)}")
+        return tuple(item[k] for k in _ITEM_KEYS)
+    if isinstance(item, (tuple, list)) and len(item) == 5:
+        return tuple(item)
+    raise TypeError(f"{op}: items[{i}] must be a tuple (q, params, bits, symmetric, group_size) "
+                    f"or a dict with those keys; got {type(item).__name__}"
+                    + (f" of length {len(item)}" if isinstance(item, (tuple, list)) else ""))
+
+
+def dequantize_groupwise_batched(items, dtype, *, stream=None):
+    """Dequantize many tensors of `quantize_groupwise` in one kernel launch.
+
+    Parameters
+    ----------
+    items : sequence of (q, params, bits, symmetric, group_size) tuples, or of dicts with
+        those keys
+        Each item is what `dequantize_groupwise` takes; sizes, group sizes, bit widths and
+        symmetries may all differ. Every q and params must live on one device (or all on
+        the host).
+    dtype : float16, bfloat16 or float32
+        The output dtype of every item.
+    stream : optional
+
+    Returns
+    -------
+    list of arrays of `dtype`
+        ``dequantize_groupwise(*item, dtype)`` for each item, in order, each in the array
+        family of its q. On a GPU the whole list costs one kernel launch (plus one
+        host-to-device copy of a small table of pointers and sizes).
+    """
+    op = "dequantize_groupwise_batched"
+    if isinstance(items, (dict, str, bytes)) or not hasattr(items, "__len__"):
+        raise TypeError(f"{op}: items must be a sequence of (q, params, bits, symmetric, "
+                        f"group_size) items; got {type(items).__name__}")
+    s = stream_of(stream, op)
+    out = out_dtype(dtype, op)
+    checked = []
+    for i, item in enumerate(items):
+        q, params, bits, symmetric, group_size = _item_fields(item, op, i)
+        a = intake(q, op, f"items[{i}].q", s)
+        b, sym, _, p, g = _dequant_checks(op, a, params, bits, symmetric, group_size, dtype, s,
+                                          q_arg=f"items[{i}].q", prefix=f"items[{i}].")
+        checked.append((a, p, b, sym, g))
+    if not checked:
+        return []
+    first = checked[0][0]
+    for i, (a, p, *_rest) in enumerate(checked[1:], 1):
+        same_place(op, ("items[0].q", first), (f"items[{i}].q", a))
+    if first.device == HOST:
+        return [host_results(a, _numpy.dequantize_groupwise(a.data, p.data, b, sym, g, out))
+                for a, p, b, sym, g in checked]
+    return _gpu_batched(checked, out, s)
+
+
+def _gpu_batched(checked, out: FloatType, stream):
+    from ._arrays import outcome
+
+    cp = _cp()
+    device = first_device = checked[0][0].device
+    with cp.cuda.Device(first_device):
+        if stream is None:
+            return _run_batched(cp, checked, out, cp.cuda.get_current_stream(), device, outcome)
+        with stream:
+            return _run_batched(cp, checked, out, stream, device, outcome)
+
+
+def _run_batched(cp, checked, out, stream, device, outcome):
+    gpu = _gpu()
+    results, rows, keep = [], [], []
+    block = 0
+    for a, p, b, sym, g in checked:
+        qc, pc = contiguous(a.data), _params_ready(p.data)
+        res = cp.empty(unpacked_shape(a.data.shape, b), dtype=out.numpy)
+        results.append(res)
+        n = res.size
+        if n == 0:
+            continue
+        keep.append((qc, pc))
+        vec, units, d = dequant_plan(n, g, b, out, qc, *([] if sym else [pc]))
+        magic, shift = gpu.fastdiv(d)
+        kind = (1 if b == 4 else 0) | (2 if sym else 0) | (4 if vec > 2 else 0)
+        rows.append((qc.data.ptr, pc.data.ptr, res.data.ptr, units, d, block,
+                     int(magic) | (int(shift) << 32), kind))
+        block += -(-units // DQ_TILE)
+    if rows:
+        table = cp.asarray(np.array(rows, dtype=np.uint64).view(np.int64))
+        key = ("batched", out.name, device)
+        launch = _plans.get(key)
+        if launch is None:
+            launch = _plans[key] = gpu.Launch(_kernels().function(SRC, batched_expr(out), device), 2)
+        launch(block, 256, stream, (table.data.ptr, len(rows)))
+        keep.append(table)
+    return [outcome(a, r) for (a, *_rest), r in zip(checked, results)]
+
+
+# ---------------------------------------------------------------------------------------
+# Declarations for the GPU tests and the benchmark (cuquant/_registry.py)
+
+GROUP_SIZES_SMALL = (1, 6, 24, 136, 128, 2048)   # all divide 104448 = 2**11 * 3 * 17
+SHAPES_SMALL = ((51, 2048), (3, 4, 8704), (104448,), (2, 17, 3072))
+LARGE_GROUPS = ((20000, ((3, 20000), (2, 5, 8000))), (65536, ((2, 65536), (4, 2, 16384))))
+BENCH_GROUPS = (128, 2048)
+
+
+def fit_shape(shape, group: int, even: bool, flat: bool = True) -> tuple:
+    """`shape`, or, when `group` does not divide its size (flat) or its last axis, or the
+    last axis is odd where it must be even, the shape with its last axis raised to the next
+    multiple of lcm(group, 2 if even else 1): the generic GPU tests pass any shape."""
+    shape = tuple(int(d) for d in shape) or (1,)
+    size = int(np.prod(shape, dtype=np.int64))
+    ok = (size if flat else shape[-1]) % group == 0 and not (even and shape[-1] % 2)
+    if ok:
+        return shape
+    step = group * (2 if even and group % 2 else 1)
+    return shape[:-1] + (max(step, -(-shape[-1] // step) * step),)
+
+
+def _variants(groups, bits=BITS):
+    return tuple({"bits": b, "symmetric": s, "group_size": g}
+                 for g in groups for b in bits for s in (False, True))
+
+
+def _make_quantize(xp, rng, shape, dtype, **kw):
+    from ._registry import float_input
+
+    shape = fit_shape(shape, kw["group_size"], kw["bits"] == 4)
+    return (float_input(xp, rng, shape, dtype),), kw
+
+
+def _make_dequantize(xp, rng, shape, dtype, **kw):
+    from ._registry import float_input
+
+    shape = fit_shape(shape, kw["group_size"], kw["bits"] == 4)
+    q, params = quantize_groupwise(float_input(xp, rng, shape, np.float32), **kw)
+    return (q, params, kw["bits"], kw["symmetric"], kw["group_size"], dtype), {}
+
+
+def _make_int4(xp, rng, shape, dtype, group_size=128):
+    from ._registry import float_input
+
+    shape = fit_shape(shape if len(shape) == 2 else (1,) + tuple(shape)[-1:], group_size, True,
+                      flat=False)
+    return (float_input(xp, rng, shape, dtype),), {"group_size": group_size}
+
+
+def _make_int4_dequant(xp, rng, shape, dtype, group_size=128):
+    (w,), kw = _make_int4(xp, rng, shape, np.float32, group_size)
+    q, params = quantize_int4_per_group(w, **kw)
+    return (q, params, dtype), kw
+
+
+def batched_inputs(xp, rng, count: int, max_elems: int, *, mixed: bool = True):
+    """`count` (q, params, bits, symmetric, group_size) items of max_elems / 4 to max_elems
+    elements each, both bit widths and symmetries, group sizes 128, 256 and 2048 (and
+    24, 136 and 6 when `mixed`)."""
+    from ._registry import float_input
+
+    items = []
+    groups = (128, 256, 2048) + ((24, 136, 6) if mixed else ())
+    for i in range(count):
+        g = groups[i % len(groups)]
+        n = int(rng.integers(max(1, max_elems // 4), max_elems + 1))
+        n = max(2 * g, (n // (2 * g)) * 2 * g)
+        bits, sym = BITS[i % 2], bool((i // 2) % 2)
+        x = float_input(xp, rng, (n // 64, 64) if n % 64 == 0 else (n,), np.float32)
+        q, params = quantize_groupwise(x, bits, sym, g)
+        items.append((q, params, bits, sym, g))
+    return items
+
+
+def _make_batched(xp, rng, shape, dtype, mixed=True):
+    count, max_elems = shape[0], shape[-1]
+    return (batched_inputs(xp, rng, count, max_elems, mixed=mixed), dtype), {}
+
+
+def t_quantize_groupwise(x, bits, symmetric, group_size):
+    """torch eager: the same math, not bit-exact (baseline only)."""
+    import torch
+
+    xf = x.float().reshape(-1, group_size)
+    if symmetric:
+        m = xf.abs().amax(dim=1, keepdim=True)
+        mult = torch.where(m == 0, torch.ones_like(m), (2 ** bits) / (2 * m))
+        offset = torch.zeros_like(m)
+        params = 1 / mult
+    else:
+        hi, lo = xf.amax(dim=1, keepdim=True), xf.amin(dim=1, keepdim=True)
+        mult = torch.where(hi == lo, torch.ones_like(hi), (2 ** bits) / (hi - lo))
+        offset = (hi + lo) * 0.5
+        params = torch.cat([1 / mult, offset], dim=1)
+    q = ((xf - offset) * mult).round().clamp(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    q = q.to(torch.int8).reshape(x.shape)
+    if bits == 4:
+        q = ((q[..., 0::2] << 4) | (q[..., 1::2] & 0xF)).to(torch.int8)
+    return q, params
+
+
+def t_dequantize_groupwise(q, params, bits, symmetric, group_size, dtype):
+    import torch
+
+    if bits == 4:
+        q = torch.stack([q >> 4, (q << 4).to(torch.int8) >> 4], dim=-1).reshape(*q.shape[:-1], -1)
+    y = q.float().reshape(-1, group_size) * params[:, :1]
+    if not symmetric:
+        y = y + params[:, 1:2]
+    return y.to(dtype).reshape(q.shape)
+
+
+def t_int4_per_group(w, group_size=128):
+    return t_quantize_groupwise(w, 4, False, group_size)
+
+
+def t_int4_dequant(packed, params, dtype, group_size=128):
+    return t_dequantize_groupwise(packed, params, 4, False, group_size, dtype)
+
+
+def _declare():
+    from ._registry import BENCH_SHAPES, F, Op, extend
+
+    fam = "groupwise"
+    ops = []
+    for bits, target in ((8, 0.92), (4, 0.90)):
+        ops.append(Op("quantize_groupwise", fam, "quantize", F, _make_quantize,
+                      variants=_variants(GROUP_SIZES_SMALL, (bits,)), shapes=SHAPES_SMALL,
+                      bench_variants=_variants(BENCH_GROUPS, (bits,)), target=target,
+                      torch_ref=t_quantize_groupwise, notes=f"{bits}-bit"))
+    ops.append(Op("dequantize_groupwise", fam, "dequantize", F, _make_dequantize,
+                  variants=_variants(GROUP_SIZES_SMALL), shapes=SHAPES_SMALL,
+                  bench_variants=_variants(BENCH_GROUPS), target=0.93,
+                  torch_ref=t_dequantize_groupwise))
+    for g, shapes in LARGE_GROUPS:
+        for fn, make, kind in (("quantize_groupwise", _make_quantize, "quantize"),
+                               ("dequantize_groupwise", _make_dequantize, "dequantize")):
+            ops.append(Op(fn, fam, kind, F, make, variants=_variants((g,)), shapes=shapes,
+                          bench_shapes=(), bench_variants=(),
+                          notes=f"group_size {g}, above DeepSpeed's 16384"))
+    int4_shapes = ((1, 256), (7, 512), (64, 7168), (130, 4096))
+    int4_variants = tuple({"group_size": g} for g in (32, 64, 128, 256, 6))
+    ops.append(Op("quantize_int4_per_group", fam, "quantize", F, _make_int4,
+                  variants=int4_variants, shapes=int4_shapes, bench_shapes=BENCH_SHAPES,
+                  bench_variants=({"group_size": 128},), target=0.90, torch_ref=t_int4_per_group))
+    ops.append(Op("dequantize_int4_per_group", fam, "dequantize", F, _make_int4_dequant,
+                  variants=int4_variants, shapes=int4_shapes, bench_shapes=BENCH_SHAPES,
+                  bench_variants=({"group_size": 128},), target=0.93, torch_ref=t_int4_dequant))
+    ops.append(Op("dequantize_groupwise_batched", fam, "dequantize", F, _make_batched,
+                  shapes=((5, 4096), (12, 70000)), bench_shapes=((64, 4 << 20),),
+                  bench_variants=({"mixed": False},), target=0.93,
+                  notes="shape = (tensors, max elements a tensor); the bench moves 64 "
+                        "tensors of 1-4 MB of codes in one launch"))
+    extend(ops, bench_dtype="float16")  # the contract benchmarks group-wise at fp16
+
+
+_declare()

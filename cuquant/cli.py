@@ -1,0 +1,403 @@
+"""The ``cuquant`` command: quantize, dequantize and inspect safetensors checkpoints, and
+a self-contained demo.
+
+Exit codes: 0 success, 1 a problem with the input or output (one line on stderr, no
+traceback; ``--debug`` shows it), 2 a usage error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import math
+import os
+import signal
+import sys
+import textwrap
+import time
+
+from . import __version__
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+# ---------------------------------------------------------------------------------------
+# Progress and tables
+
+class ProgressBar:
+    """A one-line progress bar on stderr: tensors and bytes done, throughput, ETA.
+
+    On a terminal the line redraws in place ten times a second at most; elsewhere (a log
+    file, with --progress) a plain line is printed every few seconds.
+    """
+
+    def __init__(self, label: str, stream=None, tty: bool | None = None):
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.t0 = time.perf_counter()
+        self.last = -1.0
+        self.drawn = False
+
+    def __call__(self, done_t: int, total_t: int, done_b: int, total_b: int, name: str) -> None:
+        from .checkpoint import human_bytes
+
+        now = time.perf_counter()
+        final = done_t == total_t and done_b >= total_b
+        if not final and now - self.last < (0.1 if self.tty else 5.0):
+            return
+        self.last = now
+        elapsed = max(now - self.t0, 1e-9)
+        rate = done_b / elapsed
+        eta = (total_b - done_b) / rate if rate > 0 else float("inf")
+        frac = done_b / total_b if total_b else 1.0
+        width = 24
+        fill = int(frac * width)
+        bar = "#" * fill + "-" * (width - fill)
+        line = (f"{self.label} [{bar}] {frac * 100:5.1f}%  {done_t}/{total_t} tensors  "
+                f"{human_bytes(done_b)}/{human_bytes(total_b)}  {human_bytes(rate)}/s  "
+                f"ETA {_clock(eta)}")
+        if self.tty:
+            cols = _columns()
+            tail = f"  {name}"
+            text = (line + tail)[: cols - 1]
+            self.stream.write("\r" + text.ljust(cols - 1))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _columns() -> int:
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        return 100
+
+
+def _clock(seconds: float) -> str:
+    if math.isnan(seconds) or math.isinf(seconds):
+        return "--:--"
+    s = int(seconds + 0.5)
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    """A plain text table; `align` holds one "l" or "r" per column."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    align = align or "l" + "r" * (len(headers) - 1)
+    out = []
+    for r in cells:
+        out.append("  ".join(c.ljust(w) if a == "l" else c.rjust(w)
+                             for c, w, a in zip(r, widths, align)).rstrip())
+    return "\n".join(out)
+
+
+def _db(x) -> str:
+    if x is None:
+        return "-"
+    if x == float("inf"):
+        return "exact"
+    return f"{x:.2f}"
+
+
+def _err(x) -> str:
+    return "-" if x is None else f"{x:.3e}"
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def summary(report) -> str:
+    """The closing summary of a quantize or dequantize run."""
+    from .checkpoint import human_bytes
+
+    rows = []
+    for g in report.groups():
+        rows.append([g["group"], g["tensors"], human_bytes(g["bytes_in"]),
+                     human_bytes(g["bytes_out"]), _db(g["sqnr_db"]), _db(g["worst_sqnr_db"]),
+                     _err(g["max_abs_err"])])
+    ratio = report.bytes_out / report.bytes_in if report.bytes_in else 1.0
+    rows.append(["total", len(report.records), human_bytes(report.bytes_in),
+                 human_bytes(report.bytes_out), f"({ratio:.2f}x)", "", ""])
+    headers = ["", "tensors", "size before", "size after", "SQNR dB", "worst dB", "max |err|"]
+    if report.command == "dequantize" or not report.stats:
+        headers, rows = headers[:5], [r[:4] + ([r[4]] if r[0] == "total" else [""]) for r in rows]
+        headers[4] = ""
+    if report.command == "quantize":
+        head = (f"quantized {_n(report.count('quantized'), 'tensor')} to {report.format}, kept "
+                f"{report.count('kept')} in high precision")
+    else:
+        head = (f"dequantized {_n(report.count('dequantized'), 'tensor')}"
+                f"{' (' + report.format + ')' if report.format else ''}, copied "
+                f"{report.count('kept')} unchanged")
+    rate = report.bytes_in / report.seconds if report.seconds > 0 else 0.0
+    extra = f" + {_n(len(report.files_copied), 'other file')}" if report.files_copied else ""
+    tail = (f"wrote {report.output}: {_n(len(report.shards), 'shard')} and an index{extra}, on "
+            f"{report.device}, in {report.seconds:.1f} s ({human_bytes(rate)}/s)")
+    return "\n".join([head, table(headers, rows), tail])
+
+
+# ---------------------------------------------------------------------------------------
+# Commands
+
+def _progress_for(args, label: str):
+    if args.progress is not None:  # asked for, or against, explicitly
+        return ProgressBar(label) if args.progress else None
+    return ProgressBar(label) if sys.stderr.isatty() and not args.quiet else None
+
+
+def _write_report(path: str | None, report) -> None:
+    if path:
+        tmp = f"{path}.partial-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(report.to_json(), f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+
+
+def _finish(args, report) -> int:
+    for w in report.warnings:
+        print(f"cuquant: warning: {w}", file=sys.stderr)
+    if not args.quiet:
+        print(summary(report))
+    _write_report(args.report, report)
+    return EXIT_OK
+
+
+def cmd_quantize(args) -> int:
+    from .checkpoint import quantize_checkpoint
+
+    bar = _progress_for(args, "quantize")
+    try:
+        report = quantize_checkpoint(
+            args.input, args.output, args.format, skip=args.skip,
+            default_skip=not args.no_default_skip, scale_format=args.scale_format,
+            group_size=args.group_size, device=args.device, max_shard_size=args.max_shard_size,
+            overwrite=args.overwrite, stats=not args.no_stats, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return _finish(args, report)
+
+
+def cmd_dequantize(args) -> int:
+    from .checkpoint import dequantize_checkpoint
+
+    bar = _progress_for(args, "dequantize")
+    try:
+        report = dequantize_checkpoint(args.input, args.output, dtype=args.dtype,
+                                       device=args.device, max_shard_size=args.max_shard_size,
+                                       overwrite=args.overwrite, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return _finish(args, report)
+
+
+def cmd_inspect(args) -> int:
+    import fnmatch
+
+    from .checkpoint import human_bytes, inspect_checkpoint
+
+    info = inspect_checkpoint(args.path)
+    if args.filter:
+        for f in info["files"]:
+            f["tensors"] = [t for t in f["tensors"]
+                            if any(fnmatch.fnmatchcase(t["name"], p) for p in args.filter)]
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for f in info["files"]:
+            meta = " ".join(f"{k}={v}" for k, v in sorted(f["metadata"].items()))
+            print(f"{f['path']}  ({human_bytes(f['bytes'])}{'; ' + meta if meta else ''})")
+            rows = [[t["name"], t["dtype"], "[" + ", ".join(map(str, t["shape"])) + "]",
+                     human_bytes(t["bytes"]), t["role"]]
+                    for t in sorted(f["tensors"], key=lambda t: t["name"])]
+            if rows:
+                print(table(["name", "dtype", "shape", "bytes", "format"], rows, "lllrl"))
+            print()
+        rows = [[role, t["tensors"], human_bytes(t["bytes"])]
+                for role, t in sorted(info["totals"].items())]
+        rows.append(["total", sum(t["tensors"] for t in info["totals"].values()),
+                     human_bytes(sum(t["bytes"] for t in info["totals"].values()))])
+        print(table(["", "tensors", "bytes"], rows))
+        qc = info["quantization_config"]
+        if qc is not None:
+            shown = {k: v for k, v in qc.items() if k not in ("ignored_layers",
+                                                               "modules_to_not_convert")}
+            n = len(qc.get("ignored_layers") or qc.get("modules_to_not_convert") or [])
+            print(f"config.json quantization_config: {json.dumps(shown)}; {n} layers "
+                  "left in high precision")
+    for p in info["problems"]:
+        print(f"cuquant: error: {p}", file=sys.stderr)
+    return EXIT_FAIL if info["problems"] else EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(size=args.size, out=args.out, device=args.device, plot=args.plot,
+                    progress=args.progress, overwrite=args.overwrite)
+
+
+# ---------------------------------------------------------------------------------------
+# Arguments
+
+def build_parser() -> argparse.ArgumentParser:
+    from .checkpoint import DEFAULT_SKIP, FORMATS
+
+    formats = "\n".join(f"  {f.name:<13} {f.about}" for f in FORMATS.values())
+    p = argparse.ArgumentParser(
+        prog="cuquant",
+        description=textwrap.fill(
+            "Quantize model checkpoints (safetensors) with cuquant's kernels: on the GPU "
+            "when there is one, else with the NumPy backend (same bits).", 88),
+        epilog=f"formats:\n{formats}\n\nStart with `cuquant demo`.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"cuquant {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def common(sp, stats=False):
+        sp.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where to compute (default: the GPU when there is one)")
+        sp.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                        help="cut output shards before this size (default 5GB)")
+        sp.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+        sp.add_argument("--report", metavar="FILE", help="write a JSON report here")
+        g = sp.add_mutually_exclusive_group()
+        g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                       help="show progress on stderr (default: when stderr is a terminal)")
+        g.add_argument("--no-progress", dest="progress", action="store_false")
+        sp.add_argument("-q", "--quiet", action="store_true",
+                        help="no summary (and no progress unless --progress)")
+
+    q = sub.add_parser(
+        "quantize", help="quantize a checkpoint",
+        description=textwrap.fill(
+            "Quantize the 2-D weight matrices of a checkpoint; every other tensor, and "
+            "weights matching a --skip pattern, stay in high precision. Writes shards, an "
+            "index, and the model directory's other files (config.json gains a "
+            "quantization_config).", 88),
+        epilog=textwrap.fill("default --skip patterns (whole names, glob): "
+                             + " ".join(DEFAULT_SKIP), 88),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("input", metavar="IN", help="a .safetensors file, a model directory, or an "
+                                               "index .json")
+    q.add_argument("output", metavar="OUT", help="the output directory")
+    q.add_argument("--format", "-f", required=True, choices=list(FORMATS))
+    q.add_argument("--skip", action="append", default=[], metavar="GLOB",
+                   help="keep tensors whose whole name matches GLOB in high precision "
+                        "(repeatable; adds to the defaults)")
+    q.add_argument("--no-default-skip", action="store_true",
+                   help="drop the default skip patterns (embeddings, lm_head, norms, routers)")
+    q.add_argument("--scale-format", choices=("float32", "ue8m0"), default="float32",
+                   help="fp8-block: ue8m0 rounds each tile scale up to a power of two")
+    q.add_argument("--group-size", type=int, default=128, metavar="G",
+                   help="int4-group: elements per group (default 128)")
+    q.add_argument("--no-stats", action="store_true",
+                   help="skip measuring the quantization error (faster)")
+    common(q)
+    q.set_defaults(fn=cmd_quantize)
+
+    d = sub.add_parser("dequantize", help="restore a float checkpoint",
+                       description="Dequantize every quantized weight (cuquant's formats, or a "
+                                   "DeepSeek-V3-style FP8 checkpoint) and drop the "
+                                   "quantization_config from config.json.")
+    d.add_argument("input", metavar="IN")
+    d.add_argument("output", metavar="OUT")
+    d.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                   help="restored type (default: the type recorded at quantization)")
+    common(d)
+    d.set_defaults(fn=cmd_dequantize)
+
+    i = sub.add_parser("inspect", help="list a checkpoint's tensors",
+                       description="Print each tensor's dtype, shape, bytes and format.")
+    i.add_argument("path", metavar="FILE", help="a .safetensors file, a directory, or an index")
+    i.add_argument("--filter", action="append", metavar="GLOB", help="only names matching GLOB")
+    i.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    i.set_defaults(fn=cmd_inspect)
+
+    m = sub.add_parser("demo", help="quantize a synthetic model in every format",
+                       description="Build a small synthetic model locally (no download), "
+                                   "quantize it in every format, print the error and size of "
+                                   "each, and draw them (needs matplotlib: cuquant[plot]).")
+    m.add_argument("--size", default="200MB", help="model size in bf16 (default 200MB)")
+    m.add_argument("--out", metavar="DIR", help="keep the checkpoints here (default: a "
+                                               "temporary directory, removed)")
+    m.add_argument("--plot", default="cuquant-demo.png", metavar="PNG",
+                   help="chart file (default cuquant-demo.png; 'none' for no chart)")
+    m.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    m.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    g = m.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None)
+    g.add_argument("--no-progress", dest="progress", action="store_false")
+    m.set_defaults(fn=cmd_demo)
+    return p
+
+
+def _os_message(e: OSError, args) -> str:
+    what = e.strerror or str(e)
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1), errno.EFBIG):
+        where = getattr(args, "output", None) or getattr(args, "out", None)
+        return f"{what} while writing {where or 'the output'}; nothing was left under its name"
+    return f"{e.filename}: {what}" if e.filename else what
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    from ._safetensors import SafetensorsError
+    from .checkpoint import CheckpointError
+
+    old = None
+    try:
+        old = signal.signal(signal.SIGTERM, _terminate)  # clean up the partial output too
+    except ValueError:  # not the main thread
+        pass
+    try:
+        return args.fn(args)
+    except (CheckpointError, SafetensorsError) as e:
+        if args.debug:
+            raise
+        print(f"cuquant: error: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    except OSError as e:
+        if args.debug:
+            raise
+        print(f"cuquant: error: {_os_message(e, args)}", file=sys.stderr)
+        return EXIT_FAIL
+    except MemoryError:
+        if args.debug:
+            raise
+        print("cuquant: error: out of memory", file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        print("\ncuquant: interrupted; the partial output was removed", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

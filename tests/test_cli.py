@@ -1,0 +1,283 @@
+"""The command line: quantize -> inspect -> dequantize for every format, the summary and
+the JSON report, progress only when asked, every refusal as one line and a non-zero exit
+with nothing half-written left behind, and the demo."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_checkpoint import QUANTIZED, load_dir, make_checkpoint
+
+import cuquant
+from cuquant import _safetensors
+from cuquant import checkpoint as ckpt
+from cuquant.cli import main
+
+ROOT = Path(cuquant.__file__).resolve().parents[1]
+FORMATS = list(ckpt.FORMATS)
+
+
+@pytest.fixture
+def model(tmp_path, rng):
+    src = tmp_path / "model"
+    make_checkpoint(src, rng)
+    return src
+
+
+def run_cli(*args, env_extra=None, preexec=None):
+    """`python -m cuquant ARGS` in a child process (exit code, stdout, stderr)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.update(env_extra or {})
+    p = subprocess.run([sys.executable, "-m", "cuquant", *map(str, args)], capture_output=True,
+                       text=True, env=env, preexec_fn=preexec, cwd=ROOT, check=False)
+    return p.returncode, p.stdout, p.stderr
+
+
+def leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantize_inspect_dequantize(model, tmp_path, capsys, fmt):
+    q, back = tmp_path / "q", tmp_path / "back"
+    assert main(["quantize", str(model), str(q), "--format", fmt, "--device", "cpu",
+                 "--report", str(tmp_path / "r.json")]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" or "warning" in err  # no progress bar when stderr is not a terminal
+    assert f"to {fmt}, kept" in out and "SQNR dB" in out and "total" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["format"] == fmt and report["device"] == "cpu"
+    assert report["cuquant_version"] == cuquant.__version__
+    assert report["summary"]["quantized"] >= len(QUANTIZED) - 1
+    (group,) = [g for g in report["groups"] if g["group"] == fmt]
+    assert group["sqnr_db"] > 10 and group["max_abs_err"] > 0
+
+    assert main(["inspect", str(q)]) == 0
+    out, _ = capsys.readouterr()
+    suffix = ckpt.FORMATS[fmt].suffix
+    assert f"{fmt} codes" in out and "high precision" in out
+    assert "model.layers.0.self_attn.q_proj.weight" + suffix in out
+    assert main(["inspect", str(q), "--json", "--filter", "*q_proj*"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    names = {t["name"] for f in info["files"] for t in f["tensors"]}
+    assert names == {"model.layers.0.self_attn.q_proj.weight",
+                     "model.layers.0.self_attn.q_proj.weight" + suffix,
+                     "model.layers.0.self_attn.q_proj.bias"}
+
+    assert main(["dequantize", str(q), str(back), "--device", "cpu"]) == 0
+    out, _ = capsys.readouterr()
+    assert "dequantized" in out
+    restored, original = load_dir(back), load_dir(model)
+    assert set(restored) == set(original)
+    for name, a in original.items():
+        assert restored[name].dtype == a.dtype and restored[name].shape == a.shape
+    assert "quantization_config" not in json.loads((back / "config.json").read_text())
+
+
+def test_python_dash_m_and_version():
+    rc, out, err = run_cli("--version")
+    assert rc == 0 and out.strip() == f"cuquant {cuquant.__version__}"
+    rc, out, err = run_cli("quantize", "--help")
+    assert rc == 0 and "*.gate.weight" in out and "--scale-format" in out
+    rc, out, err = run_cli()
+    assert rc == 2 and "COMMAND" in err
+
+
+def test_progress_when_asked(model, tmp_path, capsys):
+    assert main(["quantize", str(model), str(tmp_path / "q"), "-f", "fp8-row", "--device", "cpu",
+                 "--progress", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "tensors" in err and "ETA" in err and "100.0%" in err
+
+
+# ---------------------------------------------------------------------------------------
+# Refusals: one line, non-zero, no traceback, nothing left under the final name
+
+def _refused(rc, err, *words):
+    assert rc != 0
+    assert "Traceback" not in err
+    assert all(w in err for w in words), err
+
+
+def test_missing_input(tmp_path):
+    rc, _, err = run_cli("quantize", tmp_path / "nope", tmp_path / "out", "-f", "fp8-block")
+    _refused(rc, err, "no such file or directory")
+    assert leftovers(tmp_path) == []
+    rc, _, err = run_cli("inspect", tmp_path / "nope.safetensors")
+    _refused(rc, err, "no such file")
+
+
+@pytest.mark.parametrize("damage", ["truncated header", "corrupt json", "truncated data",
+                                    "not safetensors"])
+def test_damaged_input(model, tmp_path, damage):
+    shard = min(model.glob("*.safetensors"))
+    data = shard.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    if damage == "truncated header":
+        shard.write_bytes(data[: 8 + n // 2])
+    elif damage == "corrupt json":
+        shard.write_bytes(data[:8] + b"#" + data[9:])
+    elif damage == "truncated data":
+        shard.write_bytes(data[:-100])
+    else:
+        shard.write_bytes(b"GGUF" + bytes(100))
+    out = tmp_path / "out"
+    rc, _, err = run_cli("quantize", model, out, "-f", "fp8-block")
+    _refused(rc, err, "cuquant: error:", shard.name)
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists() and leftovers(tmp_path) == ["model"]
+
+
+def test_unknown_format(model, tmp_path):
+    rc, _, err = run_cli("quantize", model, tmp_path / "out", "-f", "int3")
+    _refused(rc, err, "invalid choice", "int3")
+    assert rc == 2
+
+
+def test_output_exists(model, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious").write_text("keep me")
+    rc, _, err = run_cli("quantize", model, out, "-f", "int8-channel")
+    _refused(rc, err, "already exists", "--overwrite")
+    assert leftovers(out) == ["precious"]
+    rc, _, err = run_cli("dequantize", model, out)
+    _refused(rc, err, "already exists")
+    rc, _, err = run_cli("quantize", model, out, "-f", "int8-channel", "--overwrite")
+    assert rc == 0, err
+    assert "precious" not in leftovers(out)
+    assert leftovers(tmp_path) == ["model", "out"]
+
+
+def test_disk_full(model, tmp_path, capsys, monkeypatch):
+    real = _safetensors.SafetensorsWriter.write
+    count = []
+
+    def write(self, name, data):
+        count.append(1)
+        if len(count) > 6:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, name, data)
+
+    monkeypatch.setattr(_safetensors.SafetensorsWriter, "write", write)
+    out = tmp_path / "out"
+    assert main(["quantize", str(model), str(out), "-f", "fp8-block", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "No space left on device while writing" in err and str(out) in err
+    assert leftovers(tmp_path) == ["model"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE semantics")
+def test_file_size_limit_in_a_real_process(model, tmp_path):
+    """The kernel refuses the write (as on a full disk): the child cleans up and says so."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    out = tmp_path / "out"
+    rc, _, err = run_cli("quantize", model, out, "-f", "fp8-block", "--device", "cpu",
+                         preexec=limit)
+    _refused(rc, err, "File too large", "while writing")
+    assert leftovers(tmp_path) == ["model"]
+
+
+def test_interrupt_cleans_up(model, tmp_path, capsys, monkeypatch):
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt, "_quantize_one", stop)
+    assert main(["quantize", str(model), str(tmp_path / "out"), "-f", "fp8-block",
+                 "--device", "cpu"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert leftovers(tmp_path) == ["model"]
+
+
+def test_missing_scale_on_dequantize(model, tmp_path, capsys):
+    q = tmp_path / "q"
+    assert main(["quantize", str(model), str(q), "-f", "fp8-block", "--device", "cpu", "-q"]) == 0
+    victim = "model.layers.1.mlp.gate_proj.weight_scale_inv"
+    for shard in q.glob("*.safetensors"):
+        t = _safetensors.load_file(shard)
+        if victim in t:
+            meta = _safetensors.SafetensorsFile(shard).metadata
+            del t[victim]
+            _safetensors.save_file(t, shard, meta)
+    assert main(["dequantize", str(q), str(tmp_path / "back")]) == 1
+    err = capsys.readouterr().err
+    assert "is missing" in err and victim in err
+    assert not (tmp_path / "back").exists()
+    assert main(["inspect", str(q)]) == 1
+
+
+def test_bad_device_and_sizes(model, tmp_path, capsys):
+    assert main(["quantize", str(model), str(tmp_path / "o"), "-f", "fp8-row",
+                 "--max-shard-size", "lots"]) == 1
+    assert "cannot read 'lots' as a size" in capsys.readouterr().err
+    if not ckpt.gpu_available():
+        assert main(["quantize", str(model), str(tmp_path / "o"), "-f", "fp8-row",
+                     "--device", "cuda"]) == 1
+        assert "no CUDA device" in capsys.readouterr().err
+    assert leftovers(tmp_path) == ["model"]
+
+
+def test_parse_size():
+    assert ckpt.parse_size("5GB") == 5 * 10**9
+    assert ckpt.parse_size("2GiB") == 2 << 30
+    assert ckpt.parse_size("500mb") == 500 * 10**6
+    assert ckpt.parse_size(1234) == 1234
+
+
+# ---------------------------------------------------------------------------------------
+# The demo
+
+def test_demo(tmp_path, capsys):
+    from cuquant.demo import run_demo
+
+    png = tmp_path / "demo.png"
+    assert run_demo(size="3MB", out=tmp_path / "work", device="cpu", plot=str(png),
+                    progress=False) == 0
+    out = capsys.readouterr().out
+    for fmt in FORMATS:
+        row = next((line for line in out.splitlines() if line.startswith(fmt)), None)
+        assert row is not None, f"{fmt} missing from the demo table:\n{out}"
+        assert "dB" not in row and len(row.split()) >= 7
+    assert "bf16 (input)" in out
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == sorted(["bf16", *FORMATS])
+    cfg = json.loads((tmp_path / "work" / "fp8-block" / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "fp8"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in out
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_model_is_realistic(tmp_path):
+    from cuquant.demo import build_model, model_shape
+
+    shape = build_model(tmp_path / "m", 4 * 10**6)
+    assert shape == model_shape(4 * 10**6) and shape.layers >= 1
+    t = load_dir(tmp_path / "m")
+    assert sum(a.nbytes for a in t.values()) == shape.nbytes() <= 4 * 10**6
+    w = t["model.layers.0.mlp.up_proj.weight"].astype(np.float32)
+    rows = np.abs(w).max(axis=1)
+    assert rows.max() > 3 * np.median(rows)  # rows of different scales, outliers
+    assert np.abs(w).max() > 10 * w.std()
+    assert t["model.norm.weight"].shape == (shape.hidden,)
+
+
+def test_demo_cli_temp_dir_removed(tmp_path):
+    rc, out, err = run_cli("demo", "--size", "2MB", "--device", "cpu", "--plot", "none",
+                           env_extra={"TMPDIR": str(tmp_path)})
+    assert rc == 0, err
+    assert "fp8-block" in out and "SQNR dB" in out
+    assert leftovers(tmp_path) == []

@@ -1,0 +1,375 @@
+"""The group-wise integer kernels (DeepSpeed format, INT4 per group, batched dequantization,
+zero point with stochastic rounding) against the NumPy backend, bit for bit: many shapes,
+group sizes (1 to 131072, odd ones included), bit widths, dtypes, fast and general paths,
+edge values, inputs next to rounding boundaries, one launch for a batch and its speed,
+torch arrays, streams, and tensors above 2**31 elements.
+Run on a CUDA machine: `python -m pytest -m gpu tests/test_groupwise_gpu.py`."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cuquant as cq
+from _util import assert_same_bits
+from cuquant import _numpy
+from cuquant.zero_point import random_bits
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+OUTS = tuple(DTYPES)
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def dev(a, unaligned=False):
+    """A CuPy copy of a; `unaligned` puts it 2 bytes past a 16-byte boundary, which sends
+    the kernels down their general (scalar) path."""
+    cp = _cp()
+    a = np.ascontiguousarray(a)
+    if not unaligned:
+        return cp.asarray(a)
+    step = max(1, 2 // a.itemsize)
+    buf = cp.empty(a.size + 16, dtype=a.dtype)
+    view = buf[step:step + a.size]
+    view[...] = cp.asarray(a.reshape(-1))
+    return view.reshape(a.shape)
+
+
+def edge_values(rng, n: int, dtype, g: int) -> np.ndarray:
+    """Values over six decades with, in a few whole groups, zeros, -0, a constant, a NaN,
+    +-inf, subnormals, a mix of zeros, a far offset."""
+    x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 2, n)).astype(np.float32)
+    groups = n // g
+    tiny = {np.dtype(np.float16): 2.0 ** -24, np.dtype(np.float32): 1e-41}.get(np.dtype(dtype), 1e-39)
+    for i, c in zip(rng.choice(groups, size=min(groups, 9), replace=False), range(9)):
+        s = slice(i * g, (i + 1) * g)
+        v = x[s]
+        if c == 0:
+            v[:] = 0.0
+        elif c == 1:
+            v[:] = -0.0
+        elif c == 2:
+            v[:] = 3.5
+        elif c == 3:
+            v[rng.integers(0, g)] = np.nan
+        elif c == 4:
+            v[rng.integers(0, g)] = np.inf
+        elif c == 5:
+            v[rng.integers(0, g)] = -np.inf
+        elif c == 6:
+            v[:] = rng.integers(-1000, 1000, g) * tiny
+        elif c == 7:
+            v[:] = np.where(rng.random(g) < 0.5, 0.0, -0.0)
+        else:
+            v[:] += 1000.0
+    return x.astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# DeepSpeed format: quantize and dequantize
+
+GROUP_CASES = [((4, 256), 128), ((2, 4096), 2048), ((3, 40), 24), ((2, 136), 136), ((6,), 1),
+               ((4, 6), 6), ((2, 20000), 20000), ((1, 65536), 65536), ((2, 3, 10), 3),
+               ((5, 14), 7), ((3, 200), 100), ((4, 8), 8), ((2, 64), 16), ((3, 1026), 513),
+               ((2, 4096), 4096), ((1, 8192), 8192), ((1, 16384), 16384), ((2, 512), 512),
+               ((1, 32768), 32768), ((1, 131072), 131072), ((37, 7168), 128), ((64, 2048), 2048)]
+
+
+@pytest.mark.parametrize("shape,g", GROUP_CASES, ids=[f"{s}-g{g}" for s, g in GROUP_CASES])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_groupwise_matches_numpy(shape, g, dtype, rng):
+    n = int(np.prod(shape))
+    for bits, sym, unaligned in itertools.product((4, 8), (False, True), (False, True)):
+        x = edge_values(rng, n, DTYPES[dtype], g).reshape(shape)
+        what = f"{shape} g={g} {dtype} bits={bits} sym={sym} unaligned={unaligned}"
+        q, p = cq.quantize_groupwise(dev(x, unaligned), bits, sym, g)
+        qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
+        assert_same_bits(q, qh, what + " codes")
+        assert_same_bits(p, ph, what + " params")
+        for out in OUTS:
+            y = cq.dequantize_groupwise(dev(qh, unaligned), dev(ph), bits, sym, g, out)
+            assert_same_bits(y, _numpy.dequantize_groupwise(qh, ph, bits, sym, g, out),
+                             what + f" dequantize to {out}")
+
+
+@pytest.mark.parametrize("g", [32, 128, 6])
+def test_int4_per_group_matches_numpy(g, rng):
+    w = (rng.standard_normal((96, 768)) * 0.05).astype(np.float16)
+    packed, params = cq.quantize_int4_per_group(dev(w), group_size=g)
+    ph, pah = _numpy.quantize_int4_per_group(w, g)
+    assert_same_bits(packed, ph)
+    assert_same_bits(params, pah)
+    back = cq.dequantize_int4_per_group(packed, params, "bfloat16", group_size=g)
+    assert_same_bits(back, _numpy.dequantize_int4_per_group(ph, pah, "bfloat16", g))
+
+
+def _near_boundaries(rng, groups: int, g: int, bits: int, sym: bool) -> np.ndarray:
+    """float32 groups whose products (x - offset) * mult sit within 2 ulps of k + 1/2:
+    each group holds its extremes (so mult and offset are known) and elsewhere
+    f32((k + 1/2) / mult + offset) moved by -2..2 ulps."""
+    half = 1 << (bits - 1)
+    out = np.empty((groups, g), np.float32)
+    for i in range(groups):
+        m = np.float32(rng.uniform(0.5, 2.0) * 10.0 ** rng.integers(-6, 6))
+        if sym:
+            lo, hi = -m, m
+            mult, off = np.float32(2 ** bits) / (m * np.float32(2)), np.float32(0)
+        else:
+            lo = np.float32(-m * rng.uniform(0.2, 1.5))
+            hi = m
+            mult = np.float32(2 ** bits) / (hi - lo)
+            off = (hi + lo) * np.float32(0.5)
+        k = rng.integers(-half, half - 1, g) + 0.5
+        x = (k / np.float64(mult) + np.float64(off)).astype(np.float32)
+        x = (x.view(np.int32) + rng.integers(-2, 3, g).astype(np.int32)).view(np.float32)
+        x = np.clip(x, lo, hi)
+        x[0], x[-1] = lo, hi
+        out[i] = x
+    return out
+
+
+@pytest.mark.parametrize("bits,sym", list(itertools.product((4, 8), (False, True))))
+def test_groupwise_near_rounding_boundaries(bits, sym, rng):
+    for g in (128, 2048, 24):
+        x = _near_boundaries(rng, 64, g, bits, sym)
+        q, p = cq.quantize_groupwise(dev(x), bits, sym, g)
+        qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
+        assert_same_bits(q, qh, f"g={g} codes")
+        assert_same_bits(p, ph, f"g={g} params")
+
+
+# ---------------------------------------------------------------------------------------
+# Zero point, nearest and stochastic
+
+ZP_CASES = [((4, 256), 128), ((3, 96), 32), ((2, 512), 256), ((3, 12), 3), ((2, 12), 6),
+            ((2, 4096), 2048), ((1, 20000), 20000), ((2, 20), 1), ((1, 8192), 4096),
+            ((130, 4096), 128), ((2, 1024), 512), ((7, 768), 64)]
+
+
+@pytest.mark.parametrize("shape,g", ZP_CASES, ids=[f"{s}-g{g}" for s, g in ZP_CASES])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_zero_point_matches_numpy(shape, g, dtype, rng):
+    m, k = shape
+    for bits, (rounding, source), unaligned in itertools.product(
+            (4, 8), (("nearest", None), ("stochastic", "rbits"), ("stochastic", "seed")),
+            (False, True)):
+        x = edge_values(rng, m * k, DTYPES[dtype], g).reshape(shape)
+        kw, kwh = {}, {}
+        if source == "rbits":
+            r = rng.integers(0, 1 << 32, size=shape, dtype=np.uint32)
+            kw, kwh = {"rbits": dev(r, unaligned)}, {"rbits": r}
+        elif source == "seed":
+            kw = kwh = {"seed": int(rng.integers(0, 1 << 63))}
+        what = f"{shape} g={g} {dtype} bits={bits} {rounding} {source} unaligned={unaligned}"
+        got = cq.quantize_groupwise_zero_point(dev(x, unaligned), bits, g, rounding, **kw)
+        want = cq.quantize_groupwise_zero_point(x, bits, g, rounding, **kwh)
+        for name, a, b in zip(("codes", "scales", "zeros", "dequant"), got, want):
+            assert_same_bits(a, b, f"{what} {name}")
+        for out in OUTS:
+            y = cq.dequantize_groupwise_zero_point(dev(want[0], unaligned), dev(want[1]),
+                                                   dev(want[2]), g, out)
+            assert_same_bits(y, cq.dequantize_groupwise_zero_point(*want[:3], g, out),
+                             f"{what} dequantize to {out}")
+
+
+def test_seed_gives_the_same_codes_on_cpu_and_gpu(rng):
+    x = (rng.standard_normal((33, 1024)) * 2).astype(ml_dtypes.bfloat16)
+    for bits in (4, 8):
+        a = cq.quantize_groupwise_zero_point(dev(x), bits, 128, "stochastic", seed=7)
+        b = cq.quantize_groupwise_zero_point(x, bits, 128, "stochastic", seed=7)
+        c = cq.quantize_groupwise_zero_point(dev(x), bits, 128, "stochastic",
+                                             rbits=dev(random_bits(x.shape, 7)))
+        for u, v, w in zip(a, b, c):
+            assert_same_bits(u, v)
+            assert_same_bits(w, v)
+
+
+# ---------------------------------------------------------------------------------------
+# Batched dequantization
+
+def _batch(rng, sizes, groups, unaligned_every=2):
+    items, host = [], []
+    for i, (n, g) in enumerate(zip(sizes, itertools.cycle(groups))):
+        bits, sym = (4, 8)[i % 2], bool((i // 2) % 2)
+        n = max(2 * g, n // (2 * g) * 2 * g)
+        x = edge_values(rng, n, np.float32, g)
+        q, p = _numpy.quantize_groupwise(x, bits, sym, g)
+        host.append((q, p, bits, sym, g))
+        items.append((dev(q, unaligned_every and i % unaligned_every == 1), dev(p), bits, sym, g))
+    return items, host
+
+
+def test_batched_matches_numpy_in_one_launch(rng, monkeypatch):
+    from cuquant import _gpu
+
+    items, host = _batch(rng, [int(v) for v in rng.integers(100, 200000, 24)],
+                         (128, 24, 1, 2048, 7, 136))
+    calls = []
+    original = _gpu.Launch.__call__
+    monkeypatch.setattr(_gpu.Launch, "__call__",
+                        lambda self, *a, **k: (calls.append(1), original(self, *a, **k))[1])
+    for out in OUTS:
+        calls.clear()
+        got = cq.dequantize_groupwise_batched(items, out)
+        assert len(calls) == 1
+        for i, (a, b) in enumerate(zip(got, _numpy.dequantize_groupwise_batched(host, out))):
+            assert_same_bits(a, b, f"item {i} to {out}")
+
+
+def test_batched_beats_one_launch_per_tensor(rng):
+    """64 tensors of 1 to 4 MB of codes: one batched call against 64 dequantize calls."""
+    cp = _cp()
+    gen = cp.random.default_rng(int(rng.integers(1 << 31)))
+    items = []
+    for i, n in enumerate(rng.integers(1 << 20, 4 << 20, 64)):
+        g = (128, 2048)[i % 2]
+        bits, sym = (8, 4)[(i // 2) % 2], bool((i // 4) % 2)
+        x = gen.standard_normal((int(n) // 4096 * 4096,), dtype=cp.float32).astype(cp.float16)
+        items.append(cq.quantize_groupwise(x, bits, sym, g) + (bits, sym, g))
+
+    def batched():
+        cq.dequantize_groupwise_batched(items, "float16")
+
+    def singles():
+        for q, p, b, s, g in items:
+            cq.dequantize_groupwise(q, p, b, s, g, "float16")
+
+    def wall(fn, reps=15):
+        fn()
+        cp.cuda.get_current_stream().synchronize()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            cp.cuda.get_current_stream().synchronize()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    tb, ts = wall(batched), wall(singles)
+    print(f"batched {tb * 1e6:.0f} us, 64 single calls {ts * 1e6:.0f} us")
+    assert tb < ts
+
+
+# ---------------------------------------------------------------------------------------
+# Arrays, views and streams
+
+def test_torch_in_torch_out(rng):
+    torch = pytest.importorskip("torch")
+    x = (torch.randn(129, 1024, device="cuda", dtype=torch.bfloat16) * 3)
+    xh = x.float().cpu().numpy().astype(ml_dtypes.bfloat16)
+    q, p = cq.quantize_groupwise(x, 4, False, 128)
+    assert isinstance(q, torch.Tensor) and q.is_cuda and q.dtype == torch.int8
+    qh, ph = _numpy.quantize_groupwise(xh, 4, False, 128)
+    assert_same_bits(q, qh)
+    assert_same_bits(p, ph)
+    back = cq.dequantize_groupwise(q, p, 4, False, 128, torch.float16)
+    assert back.dtype == torch.float16 and back.shape == x.shape and back.is_cuda
+    packed, params = cq.quantize_int4_per_group(x)
+    assert isinstance(packed, torch.Tensor) and packed.shape == (129, 512)
+    out = cq.dequantize_groupwise_batched([(q, p, 4, False, 128), (packed, params, 4, False, 128)],
+                                          torch.bfloat16)
+    assert all(isinstance(o, torch.Tensor) and o.is_cuda for o in out)
+    qz, s, z, deq = cq.quantize_groupwise_zero_point(x, 4, 128, "stochastic", seed=3)
+    assert deq.dtype == torch.bfloat16 and qz.dtype == torch.uint8 and s.dtype == torch.bfloat16
+    want = cq.quantize_groupwise_zero_point(xh, 4, 128, "stochastic", seed=3)
+    for a, b in zip((qz, s, z, deq), want):
+        assert_same_bits(a, b)
+    r = rng.integers(0, 1 << 32, size=(129, 1024), dtype=np.uint32)
+    got = cq.quantize_groupwise_zero_point(x, 8, 128, "stochastic", rbits=dev(r))
+    assert isinstance(got[0], torch.Tensor)
+    want = cq.quantize_groupwise_zero_point(xh, 8, 128, "stochastic", rbits=r)
+    for a, b in zip(got, want):
+        assert_same_bits(a, b)
+
+
+def test_non_contiguous_input_and_stream(rng):
+    cp = _cp()
+    base = (rng.standard_normal((512, 300)) * 4).astype(np.float16)
+    want = _numpy.quantize_groupwise(np.ascontiguousarray(base.T), 8, False, 128)
+    got = cq.quantize_groupwise(dev(base).T, 8, False, 128)
+    assert_same_bits(got[0], want[0])
+    assert_same_bits(got[1], want[1])
+    s = cp.cuda.Stream(non_blocking=True)
+    x = dev(base)
+    got = cq.quantize_groupwise_zero_point(x, 4, 100, "stochastic", seed=5, stream=s)
+    s.synchronize()
+    for a, b in zip(got, cq.quantize_groupwise_zero_point(base, 4, 100, "stochastic", seed=5)):
+        assert_same_bits(a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# Above 2**31 elements (64-bit offsets): sampled groups against NumPy on those groups only
+
+def _big_half(n: int, seed: int):
+    cp = _cp()
+    g = cp.random.default_rng(seed)
+    return (g.standard_normal((n,), dtype=cp.float32) * 3).astype(cp.float16)
+
+
+@pytest.mark.parametrize("bits,sym,g", [(8, False, 128), (4, True, 2048), (4, False, 3),
+                                        (8, True, 6)])
+def test_groupwise_above_2_31_elements(bits, sym, g, rng):
+    cp = _cp()
+    n = ((1 << 31) + (1 << 20)) // (2 * g) * (2 * g)
+    x = _big_half(n, int(rng.integers(1 << 31)))
+    q, p = cq.quantize_groupwise(x, bits, sym, g)
+    y = cq.dequantize_groupwise(q, p, bits, sym, g, "bfloat16")
+    span = 4 * g if g % 2 == 0 else 8 * g
+    firsts = [0, (1 << 31) // span * span - span, (1 << 31) // span * span, n - span]
+    for a in firsts:
+        xs = x[a:a + span].get()
+        qh, ph = _numpy.quantize_groupwise(xs, bits, sym, g)
+        per = 2 if bits == 4 else 1
+        assert_same_bits(q[a // per:(a + span) // per], qh, f"codes at {a}")
+        assert_same_bits(p[a // g:(a + span) // g], ph, f"params at {a}")
+        assert_same_bits(y[a:a + span], _numpy.dequantize_groupwise(qh, ph, bits, sym, g,
+                                                                    "bfloat16"), f"dequant at {a}")
+    del x, q, p, y
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def test_batched_and_zero_point_above_2_31_elements(rng):
+    cp = _cp()
+    k = 4096
+    rows = (1 << 31) // k + 64
+    x = _big_half(rows * k, int(rng.integers(1 << 31))).reshape(rows, k)
+    seed = 11
+    q, s, z, deq = cq.quantize_groupwise_zero_point(x, 4, 128, "stochastic", seed=seed)
+    boundary = (1 << 31) // k
+    for r in (0, boundary - 1, boundary, rows - 2):
+        xs = x[r:r + 2].get()
+        want = cq.quantize_groupwise_zero_point(xs, 4, 128, "stochastic",
+                                                rbits=random_bits(xs.shape, seed, offset=r * k))
+        for name, a, b in zip(("codes", "scales", "zeros", "dequant"),
+                              (q[r:r + 2], s[r:r + 2], z[r:r + 2], deq[r:r + 2]), want):
+            assert_same_bits(a, b, f"zero point {name} at row {r}")
+    back = cq.dequantize_groupwise_zero_point(q, s, z, 128, "float32")
+    for r in (boundary - 1, rows - 2):
+        assert_same_bits(back[r:r + 2], _numpy.dequantize_groupwise_zero_point(
+            q[r:r + 2].get(), s[r:r + 2].get(), z[r:r + 2].get(), 128, "float32"))
+    del q, s, z, deq, back
+    # a batch whose second tensor is above 2**31 elements
+    q8, p8 = cq.quantize_groupwise(x, 8, True, 24)
+    small = x[:4].get()
+    qs, ps = _numpy.quantize_groupwise(small, 4, False, 128)
+    out = cq.dequantize_groupwise_batched([(dev(qs), dev(ps), 4, False, 128),
+                                           (q8, p8, 8, True, 24)], "float16")
+    assert_same_bits(out[0], _numpy.dequantize_groupwise(qs, ps, 4, False, 128, "float16"))
+    n = rows * k
+    for a in (0, (1 << 31) // 24 * 24 - 24, n - 48):
+        qa = q8.reshape(-1)[a:a + 48].get()
+        pa = p8[a // 24:a // 24 + 2].get()
+        assert_same_bits(out[1].reshape(-1)[a:a + 48],
+                         _numpy.dequantize_groupwise(qa, pa, 8, True, 24, "float16"), f"at {a}")
+    del x, q8, p8, out
+    cp.get_default_memory_pool().free_all_blocks()
