@@ -140,6 +140,12 @@ def run(opts, checkpoint=None) -> list[dict]:
                                frac_copy=moved / (ms * 1e-3) / copy_bw)
                     if shape in _registry.SMALL_SHAPES:
                         row["host_us"] = harness.host_us_per_call(call)
+                    if op.alternative is not None:
+                        alt = op.alternative(args, kwargs)
+                        row["alternative"] = op.alternative_name
+                        row["alternative_us"] = timer.time_ms(alt, reps=opts.reps) * 1e3
+                        row["wall_us"] = harness.wall_us(call)
+                        row["alternative_wall_us"] = harness.wall_us(alt)
                     if have_torch:
                         for kind in ("eager", "compile", "cupy"):
                             if kind == "compile" and (opts.no_compile or shape != _registry.HEADLINE):
@@ -166,7 +172,9 @@ def run(opts, checkpoint=None) -> list[dict]:
 COLUMNS = [("op", "op"), ("variant", "variant"), ("dtype", "dtype"), ("shape", "shape"),
            ("us", "time us"), ("tbps", "TB/s"), ("frac_copy", "x copy"), ("target", "target"),
            ("host_us", "host us"), ("eager_frac", "torch eager"),
-           ("compile_frac", "torch.compile"), ("cupy_frac", "naive CuPy"), ("error", "error")]
+           ("compile_frac", "torch.compile"), ("cupy_frac", "naive CuPy"),
+           ("alternative", "compared with"), ("alternative_us", "its time us"),
+           ("wall_us", "wall us"), ("alternative_wall_us", "its wall us"), ("error", "error")]
 
 
 def _fmt(key, v):
@@ -174,7 +182,7 @@ def _fmt(key, v):
         return ""
     if key in ("frac_copy", "eager_frac", "compile_frac", "cupy_frac", "target"):
         return f"{v:.3f}"
-    if key in ("us", "host_us"):
+    if key in ("us", "host_us", "alternative_us", "wall_us", "alternative_wall_us"):
         return f"{v:.1f}"
     if key == "tbps":
         return f"{v:.3f}"

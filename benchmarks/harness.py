@@ -74,6 +74,20 @@ def host_us_per_call(fn, calls: int = 1000) -> float:
     return (t1 - t0) / calls * 1e6
 
 
+def wall_us(fn, reps: int = 15) -> float:
+    """Median wall-clock microseconds of one call, synchronized: host work included."""
+    cp = _cp()
+    fn()
+    cp.cuda.get_current_stream().synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        cp.cuda.get_current_stream().synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
 def nbytes(obj) -> int:
     """Bytes of every array in obj (arrays, tuples, lists), anything with .nbytes."""
     if isinstance(obj, (tuple, list)):

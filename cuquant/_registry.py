@@ -44,6 +44,10 @@ class Op:
     notes: str = ""
     fp8_outputs: tuple = field(default=())
     bench_dtype: str | None = None   # the benchmark's input dtype (default bfloat16)
+    # The same work done another way (alternative(args, kwargs) -> a callable), timed
+    # beside the op by the benchmark, e.g. a batched call against one call per tensor.
+    alternative: Callable | None = None
+    alternative_name: str = ""
 
     @property
     def fn(self):

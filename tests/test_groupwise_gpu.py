@@ -8,7 +8,6 @@ Run on a CUDA machine: `python -m pytest -m gpu tests/test_groupwise_gpu.py`."""
 from __future__ import annotations
 
 import itertools
-import time
 
 import ml_dtypes
 import numpy as np
@@ -224,40 +223,6 @@ def test_batched_matches_numpy_in_one_launch(rng, monkeypatch):
         assert len(calls) == 1
         for i, (a, b) in enumerate(zip(got, _numpy.dequantize_groupwise_batched(host, out))):
             assert_same_bits(a, b, f"item {i} to {out}")
-
-
-def test_batched_beats_one_launch_per_tensor(rng):
-    """64 tensors of 1 to 4 MB of codes: one batched call against 64 dequantize calls."""
-    cp = _cp()
-    gen = cp.random.default_rng(int(rng.integers(1 << 31)))
-    items = []
-    for i, n in enumerate(rng.integers(1 << 20, 4 << 20, 64)):
-        g = (128, 2048)[i % 2]
-        bits, sym = (8, 4)[(i // 2) % 2], bool((i // 4) % 2)
-        x = gen.standard_normal((int(n) // 4096 * 4096,), dtype=cp.float32).astype(cp.float16)
-        items.append(cq.quantize_groupwise(x, bits, sym, g) + (bits, sym, g))
-
-    def batched():
-        cq.dequantize_groupwise_batched(items, "float16")
-
-    def singles():
-        for q, p, b, s, g in items:
-            cq.dequantize_groupwise(q, p, b, s, g, "float16")
-
-    def wall(fn, reps=15):
-        fn()
-        cp.cuda.get_current_stream().synchronize()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            cp.cuda.get_current_stream().synchronize()
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))
-
-    tb, ts = wall(batched), wall(singles)
-    print(f"batched {tb * 1e6:.0f} us, 64 single calls {ts * 1e6:.0f} us")
-    assert tb < ts
 
 
 # ---------------------------------------------------------------------------------------
