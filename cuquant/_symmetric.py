@@ -334,13 +334,16 @@ def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity
     elif granularity == "row":
         k = shape[-1]
         rows = q.size // k if k else 0
-        res = dequantize(stream, qc.reshape(rows, k), _contiguous(scale).reshape(-1), code, out,
-                         PER_ROW)
+        q2 = qc if qc.ndim == 2 else qc.reshape(rows, k)
+        s1 = scale if scale.ndim == 1 and scale.flags.c_contiguous else _contiguous(scale).reshape(-1)
+        res = dequantize(stream, q2, s1, code, out, PER_ROW)
     elif granularity == "group":
         res = dequantize(stream, qc, scale, code, out, PER_GROUP, group)
     else:
         res = dequantize(stream, qc, scale, code, out, PER_TILE)
-    return ((res.reshape(shape), False),)
+    if res.shape != shape:
+        res = res.reshape(shape)
+    return ((res, False),)
 
 
 __all__ = ["run_tensor", "run_rows", "run_groups", "run_tiles", "run_dequantize",
