@@ -928,21 +928,29 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
                 index_meta["cuquant_group_size"] = group
             if fmt.name == "fp8-block":
                 index_meta["cuquant_scale_format"] = scale_format
-            _write_json(out.tmp / "model.safetensors.index.json",
-                        {"metadata": index_meta, "weight_map": wmap})
-            report.shards = names
+            cfg = None
             if ck.config is not None:
                 cfg = dict(ck.config)
                 cfg["quantization_config"] = _quantization_config(fmt, scale_format, group, items)
-                _write_json(out.tmp / "config.json", cfg)
-                report.files_copied.append("config.json")
-            report.files_copied += _copy_files(extra, ck.root, out.tmp)
-            out.commit()
+            _finish(out, ck, report, names, index_meta, wmap, cfg, extra)
         except BaseException:
             out.discard()
             raise
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _finish(out, ck, report, names, index_meta, wmap, cfg, extra) -> None:
+    """Write the index, the config (when the input had one) and the other files, then
+    move the finished output to its final name."""
+    _write_json(out.tmp / "model.safetensors.index.json",
+                {"metadata": index_meta, "weight_map": wmap})
+    report.shards = names
+    if cfg is not None:
+        _write_json(out.tmp / "config.json", cfg)
+        report.files_copied.append("config.json")
+    report.files_copied += _copy_files(extra, ck.root, out.tmp)
+    out.commit()
 
 
 def _check_names(items: list[_Item]) -> None:
@@ -1130,15 +1138,10 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
 
             names, index_meta, wmap = _run(plan, ck, out, lambda shard: {"format": "pt"},
                                            work, prog)
-            _write_json(out.tmp / "model.safetensors.index.json",
-                        {"metadata": index_meta, "weight_map": wmap})
-            report.shards = names
+            cfg = None
             if ck.config is not None:
                 cfg = {k: v for k, v in ck.config.items() if k != "quantization_config"}
-                _write_json(out.tmp / "config.json", cfg)
-                report.files_copied.append("config.json")
-            report.files_copied += _copy_files(extra, ck.root, out.tmp)
-            out.commit()
+            _finish(out, ck, report, names, index_meta, wmap, cfg, extra)
         except BaseException:
             out.discard()
             raise

@@ -40,3 +40,16 @@ def assert_same_bits(got, want, what: str = "") -> None:
         first = [tuple(int(i) for i in b) for b in bad[:8]]
         detail = ", ".join(f"{i}: got {g[i]:#x} want {w[i]:#x}" for i in first)
         raise AssertionError(f"{what}: {len(bad)} of {g.size} elements differ; {detail}")
+
+
+def assert_refused(fn, args, kwargs, exc, words) -> None:
+    """fn(*args, **kwargs) raises `exc` with a message that starts with the function's name
+    and contains every one of `words` (the argument, the expectation, the value given)."""
+    import pytest
+
+    with pytest.raises(exc) as info:
+        fn(*args, **kwargs)
+    msg = str(info.value)
+    assert msg.startswith(fn.__name__ + ":"), msg
+    for w in words:
+        assert w in msg, (w, msg)
