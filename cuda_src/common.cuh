@@ -47,6 +47,11 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 s) {
     return r;
 }
 
+// 1.5 * 2**23: adding it to |v| < 2**22 leaves rne(v) (or floor(v), with add.rm) in the
+// low bits of the sum.
+constexpr float RNE_MAGIC = 12582912.0f;
+constexpr u32 RNE_MAGIC_BITS = 0x4B400000u;
+
 // ---------------------------------------------------------------------------------------
 // Non-flushing float arithmetic (IEEE round to nearest even, subnormals kept)
 
@@ -73,6 +78,13 @@ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
 __device__ __forceinline__ float div_rn(float a, float b) {
     float r;
     asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+// Clamp of a value known not to be NaN (a NaN would give the bound).
+__device__ __forceinline__ float fclamp(float v, float lo, float hi) {
+    float r;
+    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(v), "f"(lo));
+    asm("min.f32 %0, %0, %1;" : "+f"(r) : "f"(hi));
     return r;
 }
 __device__ __forceinline__ float rcp_rn(float a) {
@@ -265,6 +277,26 @@ struct AbsMax {
     }
 };
 
+// Visits the vectors of a run [0, len) that lane `lane` of a TPG-thread team owns (every
+// TPG-th vector of VEC elements), U loads in flight at a time: load(e) reads the vector at
+// element e, visit(vector, e) uses it. For groups too long to hold, read twice.
+template <int U, int TPG, int VEC, typename Load, typename Visit>
+__device__ __forceinline__ void for_each_streamed(i64 len, int lane, Load load, Visit visit) {
+    for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
+        decltype(load(e0)) tmp[U];
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+            const i64 e = e0 + (i64)k * TPG * VEC;
+            if (e < len) tmp[k] = load(e);
+        }
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+            const i64 e = e0 + (i64)k * TPG * VEC;
+            if (e < len) visit(tmp[k], e);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Codes
 
@@ -274,11 +306,8 @@ struct CodeInt8 {
     // v is the exact quotient x / scale.
     __device__ static __forceinline__ i8 encode(float v) {
         if (is_nan(v)) return 0;
-        float c;
-        asm("max.f32 %0, %1, 0fC2FE0000;" : "=f"(c) : "f"(v));   // -127
-        asm("min.f32 %0, %0, 0f42FE0000;" : "+f"(c));            //  127
-        // Adding 1.5 * 2**23 rounds to an integer, half to even; the low byte is the code.
-        return (i8)(f2u(add_rn(c, 12582912.0f)) & 0xffu);
+        // The magic add rounds to an integer, half to even; the low byte is the code.
+        return (i8)(f2u(add_rn(fclamp(v, -127.0f, 127.0f), RNE_MAGIC)) & 0xffu);
     }
     __device__ static __forceinline__ float decode(i8 c) { return (float)(int)c; }
 };
@@ -354,15 +383,15 @@ __device__ __forceinline__ void encode_fast(const float* q, const float* a,
 #pragma unroll
         for (int k = 0; k < N / 4; ++k) {
             // 1.5 * 2**23 + q rounds q to an integer, half to even; its low byte is the code.
-            const u32 b0 = f2u(add_rn(q[4 * k], 12582912.0f));
-            const u32 b1 = f2u(add_rn(q[4 * k + 1], 12582912.0f));
-            const u32 b2 = f2u(add_rn(q[4 * k + 2], 12582912.0f));
-            const u32 b3 = f2u(add_rn(q[4 * k + 3], 12582912.0f));
+            const u32 b0 = f2u(add_rn(q[4 * k], RNE_MAGIC));
+            const u32 b1 = f2u(add_rn(q[4 * k + 1], RNE_MAGIC));
+            const u32 b2 = f2u(add_rn(q[4 * k + 2], RNE_MAGIC));
+            const u32 b3 = f2u(add_rn(q[4 * k + 3], RNE_MAGIC));
             w[k] = prmt(prmt(b0, b1, 0x0040u), prmt(b2, b3, 0x0040u), 0x5410u);
         }
     } else if constexpr (IsSame<Code, CodeInt8>::value) {
 #pragma unroll
-        for (int i = 0; i < N; ++i) out.v[i] = (i8)(f2u(add_rn(q[i], 12582912.0f)) & 0xffu);
+        for (int i = 0; i < N; ++i) out.v[i] = (i8)(f2u(add_rn(q[i], RNE_MAGIC)) & 0xffu);
     } else {
         float v[N];
 #pragma unroll

@@ -41,13 +41,7 @@ __device__ __forceinline__ float fmin_nan(float a, float b) {
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
     return r;
 }
-// Clamp helpers for values known not to be NaN (a NaN would give the bound).
-__device__ __forceinline__ float fclamp(float v, float lo, float hi) {
-    float r;
-    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(v), "f"(lo));
-    asm("min.f32 %0, %0, %1;" : "+f"(r) : "f"(hi));
-    return r;
-}
+// Minimum of a value known not to be NaN (a NaN would give the bound).
 __device__ __forceinline__ float fmin_num(float v, float hi) {
     float r;
     asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(v), "f"(hi));
@@ -73,10 +67,6 @@ __device__ __forceinline__ float fabs_bits(float v) { return u2f(f2u(v) & 0x7fff
 // finite (not inf, not NaN)
 __device__ __forceinline__ bool finite(float v) { return (f2u(v) & 0x7fffffffu) < 0x7f800000u; }
 
-// 1.5 * 2**23: adding it to |v| < 2**22 leaves rne(v) (or floor(v), with add.rm) in the
-// low bits of the sum.
-#define CQ_MAGIC 12582912.0f
-#define CQ_MAGIC_BITS 0x4B400000u
 
 // ---------------------------------------------------------------------------------------
 // Packed 16-bit min / max
@@ -463,25 +453,14 @@ quantize_groups(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ 
             const i64 len = cid < chunks ? L : 0;
             const i64 off = cid * L;
             Acc acc[NSUB];
-            for (i64 el0 = (i64)lane * VEC; el0 < len; el0 += (i64)U * TPG * VEC) {
-                Vec<T, VEC> tmp[U];
-#pragma unroll
-                for (int k = 0; k < U; ++k) {
-                    const i64 el = el0 + (i64)k * TPG * VEC;
-                    if (el < len) tmp[k] = load_unit<T, VEC>(x + off + el);
+            auto load = [&](i64 el) { return load_unit<T, VEC>(x + off + el); };
+            for_each_streamed<U, TPG, VEC>(len, lane, load, [&](const Vec<T, VEC>& v, i64 el) {
+                if constexpr (NSUB == 1) {
+                    acc[0].add_vec(v);
+                } else {
+                    add_split(acc, v, el, G);
                 }
-#pragma unroll
-                for (int k = 0; k < U; ++k) {
-                    const i64 el = el0 + (i64)k * TPG * VEC;
-                    if (el < len) {
-                        if constexpr (NSUB == 1) {
-                            acc[0].add_vec(tmp[k]);
-                        } else {
-                            add_split(acc, tmp[k], el, G);
-                        }
-                    }
-                }
-            }
+            });
             Params prm[NSUB];
             finish_stats<F, T, TPG, NSUB>(acc, prm, a, scratch, groups_per_chunk);
             if (len > 0 && lane == 0) {
@@ -489,19 +468,9 @@ quantize_groups(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ 
                 for (int s = 0; s < NSUB; ++s)
                     if (s < groups_per_chunk) F::template store_params<T>(prm[s], cid * groups_per_chunk + s, p0, p1, a);
             }
-            for (i64 el0 = (i64)lane * VEC; el0 < len; el0 += (i64)U * TPG * VEC) {
-                Vec<T, VEC> tmp[U];
-#pragma unroll
-                for (int k = 0; k < U; ++k) {
-                    const i64 el = el0 + (i64)k * TPG * VEC;
-                    if (el < len) tmp[k] = load_unit<T, VEC>(x + off + el);
-                }
-#pragma unroll
-                for (int k = 0; k < U; ++k) {
-                    const i64 el = el0 + (i64)k * TPG * VEC;
-                    if (el < len) emit_unit_any<F, T, VEC, NSUB>(tmp[k], prm, el, off + el, a, rbits, q, deq);
-                }
-            }
+            for_each_streamed<U, TPG, VEC>(len, lane, load, [&](const Vec<T, VEC>& v, i64 el) {
+                emit_unit_any<F, T, VEC, NSUB>(v, prm, el, off + el, a, rbits, q, deq);
+            });
         } else {
             Vec<T, VEC> buf[GPI][UPT];
             i64 off[GPI], len[GPI];

@@ -80,7 +80,7 @@ struct DeepSpeed {
             v = SYM ? mul_rn(x, p.mult) : mul_rn(sub_rn(x, p.offset), p.mult);
             c = fclamp(v, LO, HI);
         }
-        const u32 r = f2u(add_rn(c, CQ_MAGIC));
+        const u32 r = f2u(add_rn(c, RNE_MAGIC));
         if (CAREFUL && is_nan(v)) return 0u;
         return r;
     }

@@ -119,6 +119,7 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
         const i64 start = g * G;
         const i64 off = r * K + start;
         const i64 len = live ? (K - start < G ? K - start : G) : 0;
+        auto stream_load = [&](i64 e) { return load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e); };
 
         u32 amax;
         Vec<Tv, VEC> val[NV];
@@ -145,19 +146,9 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
             amax = group_max<TPG>(acc.bits(), scratch);
         } else {
             // Streamed: the group is read twice (the second read mostly hits L2).
-            constexpr int U = 4;
             AbsMax<Tv> acc;
-            for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
-                Vec<Tv, VEC> tmp[U];
-#pragma unroll
-                for (int k = 0; k < U; ++k) {
-                    const i64 e = e0 + (i64)k * TPG * VEC;
-                    if (e < len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e);
-                }
-#pragma unroll
-                for (int k = 0; k < U; ++k)
-                    if (e0 + (i64)k * TPG * VEC < len) acc.add(tmp[k]);
-            }
+            for_each_streamed<4, TPG, VEC>(len, lane, stream_load,
+                                           [&](const Vec<Tv, VEC>& v, i64) { acc.add(v); });
             amax = group_max<TPG>(acc.bits(), scratch);
         }
 
@@ -178,20 +169,9 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                 if (e < len) store_vec<CodeT, VEC>(q + off + e, quantize_vec<Tv, Code, VEC>(val[j], plan));
             }
         } else {
-            constexpr int U = 4;
-            for (i64 e0 = (i64)lane * VEC; e0 < len; e0 += (i64)U * TPG * VEC) {
-                Vec<Tv, VEC> tmp[U];
-#pragma unroll
-                for (int k = 0; k < U; ++k) {
-                    const i64 e = e0 + (i64)k * TPG * VEC;
-                    if (e < len) tmp[k] = load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e);
-                }
-#pragma unroll
-                for (int k = 0; k < U; ++k) {
-                    const i64 e = e0 + (i64)k * TPG * VEC;
-                    if (e < len) store_vec<CodeT, VEC>(q + off + e, quantize_vec<Tv, Code, VEC>(tmp[k], plan));
-                }
-            }
+            for_each_streamed<4, TPG, VEC>(len, lane, stream_load, [&](const Vec<Tv, VEC>& v, i64 e) {
+                store_vec<CodeT, VEC>(q + off + e, quantize_vec<Tv, Code, VEC>(v, plan));
+            });
         }
     }
 }

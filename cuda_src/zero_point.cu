@@ -59,7 +59,7 @@ struct ZeroPoint {
         const float range = fmax_nan(sub_rn(hi, lo), u2f(0x3727C5ACu));   // f32(1e-5)
         p.s = to_f32(from_f32<T>(div_rn(range, (float)QMAX)));
         const float zq = div_rn(fneg(lo), p.s);
-        p.zi = is_nan(zq) ? 0u : f2u(add_rn(fclamp(zq, 0.0f, (float)QMAX), CQ_MAGIC)) - CQ_MAGIC_BITS;
+        p.zi = is_nan(zq) ? 0u : f2u(add_rn(fclamp(zq, 0.0f, (float)QMAX), RNE_MAGIC)) - RNE_MAGIC_BITS;
         p.z = (float)p.zi;
         p.lo_b = fneg(p.z);
         p.hi_b = (float)(QMAX - (int)p.zi);
@@ -124,12 +124,12 @@ struct ZeroPoint {
         }
         const float c = fclamp(v, p.lo_b, p.hi_b);
         if (!STOCH) {
-            const float r = add_rn(c, CQ_MAGIC);
-            d = mul_rn(sub_rn(r, CQ_MAGIC), p.s);   // rne(c) = q - z
+            const float r = add_rn(c, RNE_MAGIC);
+            d = mul_rn(sub_rn(r, RNE_MAGIC), p.s);   // rne(c) = q - z
             return f2u(r) + p.zi;
         }
-        const float r = add_rm(c, CQ_MAGIC);        // floor(c) + 1.5 * 2**23
-        const float fl = sub_rn(r, CQ_MAGIC);
+        const float r = add_rm(c, RNE_MAGIC);        // floor(c) + 1.5 * 2**23
+        const float fl = sub_rn(r, RNE_MAGIC);
         const float t = mul_rn(sub_rn(c, fl), 16777216.0f);
         const u32 up = flt((float)(rnd >> 8), t) ? 1u : 0u;
         d = mul_rn(add_rn(fl, (float)up), p.s);      // fl + up = q - z

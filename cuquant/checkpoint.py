@@ -890,12 +890,8 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
                         stats=stats)
         report.records = [it.record for it in items]
         report.warnings += _ignored_warnings(items)
-        plan = _shard(items, max_bytes)
-        extra = _other_files(ck.root, [dst])
-        out = _Output(Path(dst), overwrite, [ck.root or Path(src)])
+        plan, extra, out = _prepare(ck, items, src, dst, overwrite, max_bytes)
         try:
-            _check_space(out.dst, sum(it.out_bytes for it in items)
-                         + sum(p.stat().st_size for p in extra))
             meta = {"format": "pt", "cuquant.format": fmt.name,
                     "cuquant.version": cuquant.__version__}
             if fmt.name == "fp8-block":
@@ -938,6 +934,20 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
             raise
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _prepare(ck, items, src, dst, overwrite, max_bytes):
+    """Shards, the other files to copy, and the temporary output (checked for space)."""
+    plan = _shard(items, max_bytes)
+    extra = _other_files(ck.root, [dst])
+    out = _Output(Path(dst), overwrite, [ck.root or Path(src)])
+    try:
+        _check_space(out.dst, sum(it.out_bytes for it in items)
+                     + sum(p.stat().st_size for p in extra))
+    except BaseException:
+        out.discard()
+        raise
+    return plan, extra, out
 
 
 def _finish(out, ck, report, names, index_meta, wmap, cfg, extra) -> None:
@@ -1122,12 +1132,8 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
         report = Report("dequantize", str(src), str(dst), ",".join(sorted(formats)) or None,
                         backend.name, {"dtype": dtype, "max_shard_size": max_bytes}, stats=False)
         report.records = [it.record for it in items]
-        plan = _shard(items, max_bytes)
-        extra = _other_files(ck.root, [dst])
-        out = _Output(Path(dst), overwrite, [ck.root or Path(src)])
+        plan, extra, out = _prepare(ck, items, src, dst, overwrite, max_bytes)
         try:
-            _check_space(out.dst, sum(it.out_bytes for it in items)
-                         + sum(p.stat().st_size for p in extra))
             prog = _Progress(progress, len(items), sum(it.record.bytes_in for it in items))
 
             def work(it, ck, w, p):
