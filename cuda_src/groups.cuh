@@ -25,6 +25,7 @@
 // compiler, since CuPy's -ftz=true would make it flush subnormals.
 #pragma once
 #include "common.cuh"
+#include "staged.cuh"
 
 namespace cq {
 
@@ -163,8 +164,9 @@ struct MinMax<float, false> {
 
 // Reduces K words over each aligned run of W threads (W a power of two) with Acc::combine;
 // every thread of the run gets the result. W > 32 goes through `scratch` (K words per warp)
-// and __syncthreads, so every thread of the block must call it.
-template <int W, class Acc, int K>
+// and a barrier (the block's, or the consumers' in a STAGED kernel), so every thread it
+// covers must call it.
+template <int W, class Acc, int K, bool STAGED = false>
 __device__ __forceinline__ void team_reduce(u32 (&v)[K], u32* scratch) {
     constexpr int L = W < 32 ? W : 32;
 #pragma unroll
@@ -174,12 +176,12 @@ __device__ __forceinline__ void team_reduce(u32 (&v)[K], u32* scratch) {
     }
     if constexpr (W > 32) {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        __syncthreads();  // scratch may still be read by the previous call
+        if (STAGED) consumers_sync(); else __syncthreads();  // scratch may still be in use
         if (lane == 0) {
 #pragma unroll
             for (int k = 0; k < K; ++k) scratch[warp * K + k] = v[k];
         }
-        __syncthreads();
+        if (STAGED) consumers_sync(); else __syncthreads();
         constexpr int WPG = W / 32;
         const int first = (warp / WPG) * WPG;
 #pragma unroll
@@ -413,14 +415,14 @@ __device__ __forceinline__ void emit_unit_any(const Vec<T, VEC>& xv, const typen
 
 // Reduces the accumulators of a team and prepares the parameters of its groups.
 // A chunk of one group copies its parameters to the second slot, which then stays unused.
-template <class F, typename T, int TPG, int NSUB>
+template <class F, typename T, int TPG, int NSUB, bool STAGED = false>
 __device__ __forceinline__ void finish_stats(const MinMax<T> (&acc)[NSUB], typename F::Params (&prm)[NSUB],
                                              const QuantArgs& a, u32* scratch, i64 groups_per_chunk) {
     typedef MinMax<T> Acc;
     u32 w[Acc::WORDS * NSUB];
 #pragma unroll
     for (int s = 0; s < NSUB; ++s) acc[s].pack(w + s * Acc::WORDS);
-    team_reduce<TPG, Acc>(w, scratch);
+    team_reduce<TPG, Acc, Acc::WORDS * NSUB, STAGED>(w, scratch);
 #pragma unroll
     for (int s = 0; s < NSUB; ++s) {
         float lo, hi;
@@ -515,6 +517,54 @@ quantize_groups(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ 
             }
         }
     }
+}
+
+// The quantizer fed through shared-memory stages (staged.cuh), on the fast path: chunk c
+// is groups [c * gpc, (c + 1) * gpc), one run of bytes. Teams of TEAM consumer threads own
+// a group at a time, each thread UPT units of it read from the stage into registers.
+template <class F, typename T, int TEAM, int UPT>
+__global__ void __launch_bounds__(ST_THREADS, 2)
+quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ p0,
+                       void* __restrict__ p1, T* __restrict__ deq, const u32* __restrict__ rbits,
+                       i64 groups, i64 G, int mode, u32 seed_lo, u32 seed_hi, i64 gpc, int stages,
+                       u32 stage_bytes) {
+    typedef MinMax<T> Acc;
+    typedef typename F::Params Params;
+    constexpr int VEC = 16 / sizeof(T), TEAMS = ST_CONSUMERS / TEAM;
+    __shared__ u32 scratch[Acc::WORDS * ST_CONSUMER_WARPS];
+    const QuantArgs a{groups, G, G, mode, seed_lo, seed_hi};
+    const int team = threadIdx.x / TEAM, lane = threadIdx.x % TEAM;
+    auto produce = [&](i64 c, u8* stage, const StageCopy& cp) {
+        const i64 g0 = c * gpc, g1 = g0 + gpc < groups ? g0 + gpc : groups;
+        stage_run(x, g0 * G, g1 * G, stage, cp);
+    };
+    auto consume = [&](i64 c, u8* stage) {
+        const i64 g0 = c * gpc, n = groups - g0 < gpc ? groups - g0 : gpc;
+        for (i64 b = 0; b < n; b += TEAMS) {
+            const i64 gi = b + team, off = (g0 + gi) * G;
+            const int len = gi < n ? (int)G : 0;
+            const T* gx = reinterpret_cast<const T*>(stage) + gi * G;
+            Vec<T, VEC> buf[UPT];
+#pragma unroll
+            for (int j = 0; j < UPT; ++j) {
+                const int el = (lane + j * TEAM) * VEC;
+                if (el < len) buf[j] = load_vec<T, VEC>(gx + el);
+            }
+            Acc acc[1];
+#pragma unroll
+            for (int j = 0; j < UPT; ++j)
+                if ((lane + j * TEAM) * VEC < len) acc[0].add_vec(buf[j]);
+            Params prm[1];
+            finish_stats<F, T, TEAM, 1, true>(acc, prm, a, scratch, 1);
+            if (len > 0 && lane == 0) F::template store_params<T>(prm[0], g0 + gi, p0, p1, a);
+#pragma unroll
+            for (int j = 0; j < UPT; ++j) {
+                const int el = (lane + j * TEAM) * VEC;
+                if (el < len) emit_unit_any<F, T, VEC, 1>(buf[j], prm, el, off + el, a, rbits, q, deq);
+            }
+        }
+    };
+    run_staged((groups + gpc - 1) / gpc, stages, stage_bytes, 0u, produce, consume);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -128,12 +128,47 @@ def quant_expr(fmt: str, t: FloatType, vec: int, geom) -> str:
     return f"cq::quantize_groups<{fmt}, {t.cxx}, {vec}, {tpg}, {upt}, {gpi}>"
 
 
+# The staged quantizer (cuda_src/staged.cuh): a producer warp keeps `stages` shared-memory
+# buffers of `stage_bytes` in flight with bulk copies while eight consumer warps quantize,
+# each thread holding `hold` units of a group. Taken on sm_90 and up, on the fast path,
+# for inputs of at least `min_bytes` whose groups fit one stage. The values are the best
+# of a sweep on an H200 (benchmarks/stage_sweep.py, benchmarks/NOTES.md).
+STAGED = {"stage_bytes": 32 * 1024, "smem_per_block": 96 * 1024, "min_bytes": 1 << 20, "hold": 4}
+STAGED_THREADS = 288
+STAGED_MAX_UNITS = 2048  # 256 threads x 8 units
+
+
+def staged_device(device: int) -> bool:
+    """Whether the device has bulk copies (sm_90 and up)."""
+    return int(_gpu().props(device)["cc"]) >= 90
+
+
+def staged_geometry(units: int, hold: int = 4) -> tuple[int, int]:
+    """(consumer threads per group, units a thread) of the staged quantizer for groups of
+    `units` units: `hold` units a thread where the group allows."""
+    if units <= hold:
+        return 1, 1 << (units - 1).bit_length()
+    team = min(256, 1 << (-(-units // hold) - 1).bit_length())
+    return team, max(hold, 1 << (-(-units // team) - 1).bit_length())
+
+
+STAGED_GEOMETRIES = tuple(sorted({staged_geometry(n, h) for h in (2, 4)
+                                  for n in range(1, STAGED_MAX_UNITS + 1)}))
+
+
+def quant_staged_expr(fmt: str, t: FloatType, geom) -> str:
+    team, upt = geom
+    return f"cq::quantize_groups_staged<{fmt}, {t.cxx}, {team}, {upt}>"
+
+
 def quant_specializations(src: str, fmt_of_bits, types, big: bool = True):
     for t, bits in itertools.product(types, BITS):
         for geom in fast_geometries(big):
             yield src, quant_expr(fmt_of_bits(bits), t, fast_vec(t), geom)
         for geom in GENERAL_GEOMETRIES:
             yield src, quant_expr(fmt_of_bits(bits), t, general_vec(bits), geom)
+        for geom in STAGED_GEOMETRIES:
+            yield src, quant_staged_expr(fmt_of_bits(bits), t, geom)
 
 
 def _ds_format(bits: int) -> str:
@@ -213,6 +248,15 @@ def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g
         return
     vec = fast_vec(t)
     fast = g % vec == 0 and aligned(x, *(() if rbits is None else (rbits,)))
+    args = (x.data.ptr, q.data.ptr, p0.data.ptr, _ptr(p1), _ptr(deq), _ptr(rbits))
+    seeds = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
+    if fast and _staged(x, t, g):
+        launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(
+            src, fmt_of_bits(bits), t, g, x.data.device_id)
+        groups = n // g
+        launch(min(-(-groups // gpc), resident), STAGED_THREADS, stream,
+               args + (groups, g, mode) + seeds + (gpc, stages, stage_bytes))
+        return
     if fast:
         length = g
     else:
@@ -223,8 +267,29 @@ def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g
                                                        x.data.device_id)
     chunks = n // length
     launch(min(-(-chunks // per_block), resident), threads, stream,
-           (x.data.ptr, q.data.ptr, p0.data.ptr, _ptr(p1), _ptr(deq), _ptr(rbits), chunks, length,
-            g, mode, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF))
+           args + (chunks, length, g, mode) + seeds)
+
+
+def _staged(x, t: FloatType, g: int) -> bool:
+    units = g // fast_vec(t)
+    return (x.nbytes >= STAGED["min_bytes"] and g * t.numpy.itemsize <= STAGED["stage_bytes"]
+            and units <= STAGED_MAX_UNITS and staged_device(x.data.device_id))
+
+
+def _quant_staged_plan(src, fmt, t, g, device):
+    key = ("quant-staged", src, fmt, t.name, g, device)
+    plan = _plans.get(key)
+    if plan is None:
+        gpu = _gpu()
+        geom = staged_geometry(g // fast_vec(t), STAGED["hold"])
+        fn = _kernels().function(src, quant_staged_expr(fmt, t, geom), device)
+        stage_bytes = STAGED["stage_bytes"]
+        stages = max(1, min(8, STAGED["smem_per_block"] // stage_bytes))
+        smem = stages * stage_bytes
+        plan = _plans[key] = (gpu.Launch(fn, 14, smem), stages, stage_bytes,
+                              max(1, stage_bytes // (g * t.numpy.itemsize)),
+                              gpu.resident_blocks(fn, device, STAGED_THREADS, smem))
+    return plan
 
 
 DQ_TILE = 256 * 4  # units per block (DQ_THREADS * DQ_UNROLL in groups.cuh)

@@ -276,6 +276,11 @@ def test_launchable_specializations_are_enumerated():
             if g % vec == 0:
                 geom = gw.geometry(g // vec, True, big)
                 assert gw.quant_expr(f"{fmt}<{bits}>", t, vec, geom) in listed, (fmt, t, bits, g)
+                for hold in (2, 4):
+                    if g // vec <= gw.STAGED_MAX_UNITS:
+                        staged = gw.staged_geometry(g // vec, hold)
+                        assert gw.quant_staged_expr(f"{fmt}<{bits}>", t, staged) in listed, \
+                            (fmt, t, bits, g, hold)
             length = 2 * g if bits == 4 and g % 2 else g
             vec = gw.general_vec(bits)
             geom = gw.geometry(length // vec, False, big)
@@ -288,7 +293,7 @@ def test_launchable_specializations_are_enumerated():
                 assert gw.dequant_expr(zero_point._zp_codes(bits, FLOATS[ts]), out, vec) in listed
         assert gw.batched_expr(out) in listed
     n_gw, n_zp = len(list(gw.specializations())), len(list(zero_point.specializations()))
-    assert len(listed) == n_gw + n_zp and n_gw + n_zp < 320
+    assert len(listed) == n_gw + n_zp and n_gw + n_zp < 520
 
 
 # ---------------------------------------------------------------------------------------
