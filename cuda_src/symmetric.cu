@@ -350,7 +350,11 @@ dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restric
         for (int k = 0; k < UNROLL; ++k) {
             const i64 v = c0 + k * step;
             if (v < nvec) {
-                codes[k] = load_vec<CodeT, VEC>(q + v * VEC);
+                if constexpr (IsSame<Code, CodeInt8>::value) {
+                    codes[k] = load_stream<CodeT, VEC>(q + v * VEC);  // the scales stay in L1
+                } else {
+                    codes[k] = load_vec<CodeT, VEC>(q + v * VEC);
+                }
                 if constexpr (MODE == PER_TENSOR) {
                     s[k] = s0;
                 } else {
