@@ -40,6 +40,15 @@ __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ bool is_nan(float v) { return (f2u(v) & 0x7fffffffu) > 0x7f800000u; }
 
+// The magnitude bits of m with the sign bit of s: (m & 0x7fffffff) | (s & 0x80000000) in one
+// instruction (the compiler makes two of it; one fewer an element took the FP8 row
+// quantizer from 0.69 to 0.79 of copy on an H200, benchmarks/NOTES.md).
+__device__ __forceinline__ u32 copy_sign_bits(u32 m, u32 s) {
+    u32 r;
+    asm("lop3.b32 %0, %1, 0x7fffffff, %2, 0xE2;" : "=r"(r) : "r"(m), "r"(s));
+    return r;
+}
+
 // Byte permute: selects bytes of {b, a} by the nibbles of s.
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 s) {
     u32 r;
@@ -422,7 +431,7 @@ __device__ __forceinline__ void encode_fast(const float* q, const float* a,
     } else {
         float v[N];
 #pragma unroll
-        for (int i = 0; i < N; ++i) v[i] = u2f((f2u(q[i]) & 0x7fffffffu) | (f2u(a[i]) & 0x80000000u));
+        for (int i = 0; i < N; ++i) v[i] = u2f(copy_sign_bits(f2u(q[i]), f2u(a[i])));
 #pragma unroll
         for (int i = 0; i + 1 < N; i += 2) encode_pair<Code>(v[i], v[i + 1], out.v[i], out.v[i + 1]);
         if (N % 2) out.v[N - 1] = Code::encode(v[N - 1]);
