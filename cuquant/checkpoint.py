@@ -668,6 +668,15 @@ class _Output:
     def discard(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    # `with out:` discards the temporary output when the block raises (interrupts too).
+    def __enter__(self) -> "_Output":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            self.discard()
+        return False
+
 
 def _other_files(root: Path | None, skip_dirs: Sequence[Path]) -> list[Path]:
     """Files of the model directory other than weights and config.json (rewritten), e.g.
@@ -891,7 +900,7 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
         report.records = [it.record for it in items]
         report.warnings += _ignored_warnings(items)
         plan, extra, out = _prepare(ck, items, src, dst, overwrite, max_bytes)
-        try:
+        with out:
             meta = {"format": "pt", "cuquant.format": fmt.name,
                     "cuquant.version": cuquant.__version__}
             if fmt.name == "fp8-block":
@@ -929,9 +938,6 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
                 cfg = dict(ck.config)
                 cfg["quantization_config"] = _quantization_config(fmt, scale_format, group, items)
             _finish(out, ck, report, names, index_meta, wmap, cfg, extra)
-        except BaseException:
-            out.discard()
-            raise
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -941,12 +947,9 @@ def _prepare(ck, items, src, dst, overwrite, max_bytes):
     plan = _shard(items, max_bytes)
     extra = _other_files(ck.root, [dst])
     out = _Output(Path(dst), overwrite, [ck.root or Path(src)])
-    try:
+    with out:
         _check_space(out.dst, sum(it.out_bytes for it in items)
                      + sum(p.stat().st_size for p in extra))
-    except BaseException:
-        out.discard()
-        raise
     return plan, extra, out
 
 
@@ -1133,7 +1136,7 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
                         backend.name, {"dtype": dtype, "max_shard_size": max_bytes}, stats=False)
         report.records = [it.record for it in items]
         plan, extra, out = _prepare(ck, items, src, dst, overwrite, max_bytes)
-        try:
+        with out:
             prog = _Progress(progress, len(items), sum(it.record.bytes_in for it in items))
 
             def work(it, ck, w, p):
@@ -1148,9 +1151,6 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
             if ck.config is not None:
                 cfg = {k: v for k, v in ck.config.items() if k != "quantization_config"}
             _finish(out, ck, report, names, index_meta, wmap, cfg, extra)
-        except BaseException:
-            out.discard()
-            raise
     report.seconds = time.perf_counter() - t0
     return report
 
