@@ -74,9 +74,12 @@ def _bench_dtype(op, forced: str) -> str:
 
 
 def _shapes(op, quick):
+    """The op's benchmark shapes; --quick keeps the small ones and the headline, or all of
+    an op's own when it has none of those (the batched op's tensor lists)."""
     shapes = getattr(op, "bench_shapes", _registry.BENCH_SHAPES)
     if quick:
-        shapes = [s for s in shapes if s in _registry.SMALL_SHAPES or s == _registry.HEADLINE]
+        kept = [s for s in shapes if s in _registry.SMALL_SHAPES or s == _registry.HEADLINE]
+        shapes = kept or shapes
     return shapes
 
 
@@ -201,7 +204,8 @@ def markdown(env, copy_bw, rows) -> str:
             "bandwidth (bytes really moved; per-tensor dynamic counts its two reads); baselines "
             "are the same fraction for the torch eager expression, the same under torch.compile "
             "(headline shape only) and the naive CuPy expression, each counted at the logical "
-            "bytes. `host us` is wall-clock per call for back-to-back calls.", "",
+            "bytes. `host us` is the host time of one call (wall clock inside the call with "
+            "the GPU idle; median of 1000 calls, lowest of 3 rounds).", "",
             "| " + " | ".join(name for _, name in COLUMNS) + " |",
             "|" + "---|" * len(COLUMNS)]
     return "\n".join(head + [_line(r) for r in rows]) + "\n"

@@ -136,14 +136,19 @@ __device__ __forceinline__ DivPlan plan_division(float b) {
     return p;
 }
 
-// s / b for a prepared (not exact) plan and s already prescaled, |s| <= 2**9 |b|. The sign
-// of a zero or underflowing quotient may come out wrong; callers that care fix it.
+// s / b for a prepared (not exact) plan and s already prescaled, |s| <= 2**9 |b|, with
+// CORR Newton corrections. Two are always exact. One is exact when s is a 16-bit float
+// (bf16 or fp16, at most 11 significant bits) and b = RN(amax * f32(1/127)) or
+// RN(amax * f32(1/448)) for a 16-bit amax >= |s|: checked exhaustively over every pair of
+// significands and every exponent gap that can change a code (tests/test_division.py).
+// None is needed when b is a power of two (s * RN(1/b) is then the exact quotient). The
+// sign of a zero or underflowing quotient may come out wrong; callers that care fix it.
+template <int CORR = 2>
 __device__ __forceinline__ float divide_fast(float s, const DivPlan& p) {
     float q = mul_rn(s, p.y);
-    float r = fma_rn(q, p.nb, s);
-    q = fma_rn(r, p.y, q);
-    r = fma_rn(q, p.nb, s);
-    return fma_rn(r, p.y, q);
+#pragma unroll
+    for (int i = 0; i < CORR; ++i) q = fma_rn(fma_rn(q, p.nb, s), p.y, q);
+    return q;
 }
 
 // a / b correctly rounded, for |a| <= 2**9 |b| or any a when p.exact.
@@ -391,50 +396,84 @@ struct CodeE4M3 {
     }
 };
 
-// Encodes two elements at once where the hardware packs them (fp8 on sm_89+).
+// The low bytes of four words, as one word (a in the low byte).
+__device__ __forceinline__ u32 pack_bytes(u32 a, u32 b, u32 c, u32 d) {
+    return prmt(prmt(a, b, 0x0040u), prmt(c, d, 0x0040u), 0x5410u);
+}
+
+// Four codes as one word, the first in the low byte, each by the full encoder.
 template <typename Code>
-__device__ __forceinline__ void encode_pair(float lo, float hi, typename Code::T& c0,
-                                            typename Code::T& c1) {
-    c0 = Code::encode(lo);
-    c1 = Code::encode(hi);
+__device__ __forceinline__ u32 encode4(float a, float b, float c, float d) {
+    return pack_bytes((u32)(u8)Code::encode(a), (u32)(u8)Code::encode(b), (u32)(u8)Code::encode(c),
+                      (u32)(u8)Code::encode(d));
 }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 template <>
-__device__ __forceinline__ void encode_pair<CodeE4M3>(float lo, float hi, u8& c0, u8& c1) {
-    u16 r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    c0 = (u8)(r & 0xffu);
-    c1 = (u8)(r >> 8);
+__device__ __forceinline__ u32 encode4<CodeE4M3>(float a, float b, float c, float d) {
+    // cvt puts its first operand in the upper byte of each pair.
+    u32 r;
+    asm("{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;"
+        " cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3; mov.b32 %0, {lo, hi}; }"
+        : "=r"(r) : "f"(a), "f"(b), "f"(c), "f"(d));
+    return r;
 }
 #endif
+
+// The codes of N elements as they are stored: a multiple of four one-byte codes as whole
+// words, built and stored as words (as a byte array the compiler repacks them code by
+// code, 2.5 instructions an element), else bytes.
+template <typename Code, int N>
+using CodeVec = typename Conditional<N % 4 == 0, Vec<u32, (N + 3) / 4>, Vec<typename Code::T, N>>::type;
+
+template <typename Code, int N>
+__device__ __forceinline__ void store_code_vec(typename Code::T* p, const CodeVec<Code, N>& c) {
+    if constexpr (N % 4 == 0) {
+        store_vec<u32, N / 4>(reinterpret_cast<u32*>(p), c);
+    } else {
+        store_vec<typename Code::T, N>(p, c);
+    }
+}
+
+// Codes of N values by the full encoder (NaN, clamp).
+template <typename Code, int N>
+__device__ __forceinline__ CodeVec<Code, N> encode_vec(const float* v) {
+    CodeVec<Code, N> out;
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < N / 4; ++k)
+            out.v[k] = encode4<Code>(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out.v[i] = Code::encode(v[i]);
+    }
+    return out;
+}
 
 // Codes of quotients q = a / scale on the fast path of a dynamic scale: finite, and
 // |q| < 127.5 for int8 (|a| <= amax), so no clamp and no NaN test is needed; fp8's sign is
 // taken from a (the scale is positive) and its satfinite conversion is the clamp.
 template <typename Code, int N>
-__device__ __forceinline__ void encode_fast(const float* q, const float* a,
-                                            Vec<typename Code::T, N>& out) {
-    if constexpr (IsSame<Code, CodeInt8>::value && N % 4 == 0) {
-        u32* w = reinterpret_cast<u32*>(&out);
+__device__ __forceinline__ CodeVec<Code, N> encode_fast(const float* q, const float* a) {
+    if constexpr (IsSame<Code, CodeInt8>::value) {
+        // 1.5 * 2**23 + q rounds q to an integer, half to even; its low byte is the code.
+        float r[N];
 #pragma unroll
-        for (int k = 0; k < N / 4; ++k) {
-            // 1.5 * 2**23 + q rounds q to an integer, half to even; its low byte is the code.
-            const u32 b0 = f2u(add_rn(q[4 * k], RNE_MAGIC));
-            const u32 b1 = f2u(add_rn(q[4 * k + 1], RNE_MAGIC));
-            const u32 b2 = f2u(add_rn(q[4 * k + 2], RNE_MAGIC));
-            const u32 b3 = f2u(add_rn(q[4 * k + 3], RNE_MAGIC));
-            w[k] = prmt(prmt(b0, b1, 0x0040u), prmt(b2, b3, 0x0040u), 0x5410u);
+        for (int i = 0; i < N; ++i) r[i] = add_rn(q[i], RNE_MAGIC);
+        CodeVec<Code, N> out;
+        if constexpr (N % 4 == 0) {
+#pragma unroll
+            for (int k = 0; k < N / 4; ++k)
+                out.v[k] = pack_bytes(f2u(r[4 * k]), f2u(r[4 * k + 1]), f2u(r[4 * k + 2]), f2u(r[4 * k + 3]));
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) out.v[i] = (i8)(f2u(r[i]) & 0xffu);
         }
-    } else if constexpr (IsSame<Code, CodeInt8>::value) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) out.v[i] = (i8)(f2u(add_rn(q[i], RNE_MAGIC)) & 0xffu);
+        return out;
     } else {
         float v[N];
 #pragma unroll
         for (int i = 0; i < N; ++i) v[i] = u2f(copy_sign_bits(f2u(q[i]), f2u(a[i])));
-#pragma unroll
-        for (int i = 0; i + 1 < N; i += 2) encode_pair<Code>(v[i], v[i + 1], out.v[i], out.v[i + 1]);
-        if (N % 2) out.v[N - 1] = Code::encode(v[N - 1]);
+        return encode_vec<Code, N>(v);
     }
 }
 

@@ -244,11 +244,6 @@ __device__ __forceinline__ Vec<T, VEC> round_unit(const float* f) {
     return o;
 }
 
-// The low bytes of four words, as one word.
-__device__ __forceinline__ u32 pack_bytes(u32 a, u32 b, u32 c, u32 d) {
-    return prmt(prmt(a, b, 0x0040u), prmt(c, d, 0x0040u), 0x5410u);
-}
-
 // Codes of a unit (their low BITS bits) to memory: 8-bit codes at q[e], 4-bit codes two a
 // byte at q[e / 2], the first of a pair in the low nibble when LOW_FIRST.
 template <int BITS, bool LOW_FIRST, int VEC>
@@ -317,6 +312,14 @@ struct CodeUnit {
                 for (int k = 0; k < (VEC < 4 ? VEC : 4); ++k)
                     f[4 * h + k] = u2f(prmt(b, 0x4B000000u, 0x7540u + (u32)k)) - BIAS8;
             }
+        } else if constexpr (VEC >= 4) {
+            // The low and the high nibbles of every byte, each set in one instruction or
+            // two, then one byte permute an element (against a shift and a mask each).
+            const u32 lo = (w[0] & 0x0f0f0f0fu) ^ (FLIP4 * 0x01010101u);
+            const u32 hi = ((w[0] >> 4) & 0x0f0f0f0fu) ^ (FLIP4 * 0x01010101u);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                f[k] = u2f(prmt((k % 2 == 0) == LOW_FIRST ? lo : hi, 0x4B000000u, 0x7540u + (u32)(k / 2))) - BIAS4;
         } else {
 #pragma unroll
             for (int k = 0; k < VEC; ++k) {
@@ -603,19 +606,19 @@ __device__ __forceinline__ void dequant_units(const u8* __restrict__ q, const vo
     }
 }
 
-constexpr int DQ_THREADS = 256, DQ_UNROLL = 4;
+constexpr int DQ_THREADS = 256;
 
 // n_units units of VEC elements; div divides by the units of a group (fast path) or by G.
-// A thread's DQ_UNROLL units are a grid apart (measured faster on an H200 than a block
-// taking a contiguous chunk).
-template <class D, typename Tout, int VEC>
+// A thread's UNROLL units are a grid apart (measured faster on an H200 than a block
+// taking a contiguous chunk; the best UNROLL depends on the format, see the host side).
+template <class D, typename Tout, int VEC, int UNROLL>
 __global__ void __launch_bounds__(DQ_THREADS)
 dequantize_groups(const u8* __restrict__ q, const void* __restrict__ p0, const void* __restrict__ p1,
                   Tout* __restrict__ out, i64 n_units, i64 d, u32 magic, u32 shift) {
     const FastDiv div{d, magic, shift};
     const i64 step = (i64)gridDim.x * DQ_THREADS;
-    for (i64 u = (i64)blockIdx.x * DQ_THREADS + threadIdx.x; u < n_units; u += step * DQ_UNROLL)
-        dequant_units<D, Tout, VEC, DQ_UNROLL>(q, p0, p1, out, u, step, n_units, div);
+    for (i64 u = (i64)blockIdx.x * DQ_THREADS + threadIdx.x; u < n_units; u += step * UNROLL)
+        dequant_units<D, Tout, VEC, UNROLL>(q, p0, p1, out, u, step, n_units, div);
 }
 
 }  // namespace cq

@@ -114,8 +114,10 @@ struct DeepSpeedCodes {
 // ---------------------------------------------------------------------------------------
 // Batched dequantization. The host writes one BatchItem per tensor (int64 words, in this
 // order) and the blocks of all tensors form one grid: block b serves the last item whose
-// block_start <= b. An item has ceil(units / (DQ_THREADS * DQ_UNROLL)) blocks, and a
+// block_start <= b. An item has ceil(units / (DQ_THREADS * BATCH_UNROLL)) blocks, and a
 // thread's units are those blocks' width apart, as in dequantize_groups.
+
+constexpr int BATCH_UNROLL = 2;   // units a thread, as dequantize_groups for this format
 
 struct BatchItem {
     const u8* q;
@@ -134,10 +136,10 @@ __device__ __forceinline__ void batched_item(const BatchItem& it, bool fast, i64
     typedef DeepSpeedCodes<BITS, SYM> D;
     Tout* out = static_cast<Tout*>(it.out);
     if (fast) {
-        dequant_units<D, Tout, 16 / sizeof(Tout), DQ_UNROLL>(it.q, it.params, nullptr, out, first,
+        dequant_units<D, Tout, 16 / sizeof(Tout), BATCH_UNROLL>(it.q, it.params, nullptr, out, first,
                                                              step, it.n_units, div);
     } else {
-        dequant_units<D, Tout, BITS == 4 ? 2 : 1, DQ_UNROLL>(it.q, it.params, nullptr, out, first,
+        dequant_units<D, Tout, BITS == 4 ? 2 : 1, BATCH_UNROLL>(it.q, it.params, nullptr, out, first,
                                                              step, it.n_units, div);
     }
 }
@@ -153,7 +155,7 @@ dequantize_batched(const BatchItem* __restrict__ items, int n_items) {
     }
     const BatchItem it = items[lo];
     const FastDiv div{it.d, (u32)(it.magic_shift & 0xffffffffu), (u32)(it.magic_shift >> 32)};
-    constexpr i64 TILE = (i64)DQ_THREADS * DQ_UNROLL;
+    constexpr i64 TILE = (i64)DQ_THREADS * BATCH_UNROLL;
     const i64 blocks = (it.n_units + TILE - 1) / TILE;
     const i64 first = (b - it.block_start) * DQ_THREADS + threadIdx.x, step = blocks * DQ_THREADS;
     const bool fast = (it.kind & 4) != 0;

@@ -18,38 +18,68 @@ namespace cq {
 
 // Any divisor: IEEE division and the full encoder (NaN, clamp).
 template <typename Tin, typename Code, int VEC>
-__device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec_div(const Vec<Tin, VEC>& x,
-                                                                       float b) {
-    Vec<typename Code::T, VEC> out;
+__device__ __forceinline__ CodeVec<Code, VEC> quantize_vec_div(const Vec<Tin, VEC>& x, float b) {
     float f[VEC];
     unpack(x, f);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) f[i] = div_rn(f[i], b);
-#pragma unroll
-    for (int i = 0; i + 1 < VEC; i += 2) encode_pair<Code>(f[i], f[i + 1], out.v[i], out.v[i + 1]);
-    if (VEC % 2) out.v[VEC - 1] = Code::encode(f[VEC - 1]);
-    return out;
+    return encode_vec<Code, VEC>(f);
 }
 
-// A scale that came from the group's own maximum: |x / scale| <= 448 (1 + 2**-23).
-template <typename Tin, typename Code, int VEC, bool SCALED>
-__device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec_fast(const Vec<Tin, VEC>& x,
-                                                                        const DivPlan& p) {
+// A scale that came from the group's own maximum: |x / scale| <= 448 (1 + 2**-23). SCALED
+// prescales the dividends; CORR is the number of Newton corrections (common.cuh).
+template <typename Tin, typename Code, int VEC, bool SCALED, int CORR>
+__device__ __forceinline__ CodeVec<Code, VEC> quantize_vec_fast(const Vec<Tin, VEC>& x,
+                                                                const DivPlan& p) {
     float a[VEC], q[VEC];
     unpack(x, a);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) q[i] = divide_fast(SCALED ? mul_rn(a[i], p.pre) : a[i], p);
-    Vec<typename Code::T, VEC> out;
-    encode_fast<Code, VEC>(q, a, out);
-    return out;
+    for (int i = 0; i < VEC; ++i) q[i] = divide_fast<CORR>(SCALED ? mul_rn(a[i], p.pre) : a[i], p);
+    return encode_fast<Code, VEC>(q, a);
 }
 
-template <typename Tin, typename Code, int VEC>
-__device__ __forceinline__ Vec<typename Code::T, VEC> quantize_vec(const Vec<Tin, VEC>& x,
-                                                                   const DivPlan& p) {
-    if (p.exact) return quantize_vec_div<Tin, Code, VEC>(x, p.b_orig);  // scale 0, inf, NaN
-    if (p.scaled) return quantize_vec_fast<Tin, Code, VEC, true>(x, p);
-    return quantize_vec_fast<Tin, Code, VEC, false>(x, p);
+// How a group's quotients are computed: FAST (no prescale, the fewest corrections the
+// values and scale allow), GENERAL (prescaled, two corrections: tiny scales, and scales
+// set by the eps floor, which the one-correction check does not cover), EXACT (div.rn:
+// scale 0, inf, NaN).
+enum DivPath { PATH_FAST = 0, PATH_GENERAL = 1, PATH_EXACT = 2 };
+template <int P> struct PathTag { static constexpr int value = P; };
+
+// Corrections on the fast path: none for power-of-two scales, one for 16-bit values
+// against a scale from their own maximum, two otherwise (common.cuh, divide_fast).
+template <typename Tv, int RULE> struct FastCorrections {
+    static constexpr int value = RULE == FLOOR_EPS_POW2 ? 0 : (sizeof(Tv) == 2 ? 1 : 2);
+};
+
+template <int RULE>
+__device__ __forceinline__ int div_path(const DivPlan& p, u32 amax_bits, u32 eps_bits) {
+    if (p.exact) return PATH_EXACT;
+    if (p.scaled || (RULE == FLOOR_EPS && amax_bits < eps_bits)) return PATH_GENERAL;
+    return PATH_FAST;
+}
+
+template <int PATH, int CORR, typename Tin, typename Code, int VEC>
+__device__ __forceinline__ CodeVec<Code, VEC> quantize_vec_on(const Vec<Tin, VEC>& x, const DivPlan& p) {
+    if constexpr (PATH == PATH_EXACT) {
+        return quantize_vec_div<Tin, Code, VEC>(x, p.b_orig);
+    } else if constexpr (PATH == PATH_GENERAL) {
+        return quantize_vec_fast<Tin, Code, VEC, true, 2>(x, p);
+    } else {
+        return quantize_vec_fast<Tin, Code, VEC, false, CORR>(x, p);
+    }
+}
+
+// Runs emit(PathTag<path>) with the path a compile-time constant, so that each path keeps
+// its own encode and store (a shared tail would repack every code byte by byte).
+template <typename Emit>
+__device__ __forceinline__ void on_path(int path, Emit emit) {
+    if (path == PATH_FAST) {
+        emit(PathTag<PATH_FAST>{});
+    } else if (path == PATH_GENERAL) {
+        emit(PathTag<PATH_GENERAL>{});
+    } else {
+        emit(PathTag<PATH_EXACT>{});
+    }
 }
 
 // x / smooth, one IEEE division per element (SmoothQuant).
@@ -75,14 +105,14 @@ load_group_vec(const Tin* x, const float* smooth) {
 }
 
 // Threads of a row-group block and the blocks per multiprocessor the compiler must fit:
-// 64 registers with four vectors a thread, 85 with eight or with SmoothQuant's float32
-// values. Measured on an H200: keeping more blocks resident beats prefetching the next
-// group into registers, into a shared-memory ring (cp.async) or into L2
-// (benchmarks/NOTES.md).
+// 64 registers with four vectors a thread, 85 with SmoothQuant's float32 values. Measured
+// on an H200: keeping more blocks resident beats prefetching the next group into
+// registers, into a shared-memory ring (cp.async) or into L2, and fewer registers (more
+// blocks) spill (benchmarks/NOTES.md).
 template <int TPG, int VPT, bool SMOOTH> struct RowGroupShape {
     enum {
         threads = TPG > 256 ? TPG : 256,
-        budget = (VPT == 8 || SMOOTH) ? 768 : 1024,
+        budget = SMOOTH ? 768 : 1024,
         min_blocks = budget / threads > 0 ? budget / threads : 1
     };
 };
@@ -117,24 +147,27 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
         const i64 r = live ? gdiv.div(gid) : 0;
         const i64 g = gid - r * groups_per_row;
         const i64 start = g * G;
-        const i64 off = r * K + start;
+        const Tin* xg = x + (r * K + start);
+        CodeT* qg = q + (r * K + start);
         const i64 len = live ? (K - start < G ? K - start : G) : 0;
-        auto stream_load = [&](i64 e) { return load_group_vec<Tin, VEC, SMOOTH>(x + off + e, smooth + e); };
+        auto stream_load = [&](i64 e) { return load_group_vec<Tin, VEC, SMOOTH>(xg + e, smooth + e); };
 
         u32 amax;
         Vec<Tv, VEC> val[NV];
         if constexpr (VPT > 0) {
+            // A held group is at most 65536 elements: 32-bit offsets within it.
+            const int hlen = (int)len;
             Vec<Tin, VEC> raw[NV];
 #pragma unroll
             for (int j = 0; j < NV; ++j) {
-                const i64 e = (i64)(lane + j * TPG) * VEC;
-                if (e < len) raw[j] = load_vec<Tin, VEC>(x + off + e);
+                const int e = (lane + j * TPG) * VEC;
+                if (e < hlen) raw[j] = load_vec<Tin, VEC>(xg + e);
             }
             AbsMax<Tv> acc;
 #pragma unroll
             for (int j = 0; j < NV; ++j) {
-                const i64 e = (i64)(lane + j * TPG) * VEC;
-                if (e < len) {
+                const int e = (lane + j * TPG) * VEC;
+                if (e < hlen) {
                     if constexpr (SMOOTH) {
                         val[j] = smooth_vec<Tin, VEC>(raw[j], load_vec<float, VEC>(smooth + e).v);
                     } else {
@@ -162,17 +195,22 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
             }
         }
         const DivPlan plan = plan_division(s);
-        if constexpr (VPT > 0) {
+        on_path(div_path<RULE>(plan, amax, eps_bits), [&](auto path) {
+            constexpr int P = decltype(path)::value, CORR = FastCorrections<Tv, RULE>::value;
+            if constexpr (VPT > 0) {
+                const int hlen = (int)len;
 #pragma unroll
-            for (int j = 0; j < NV; ++j) {
-                const i64 e = (i64)(lane + j * TPG) * VEC;
-                if (e < len) store_vec<CodeT, VEC>(q + off + e, quantize_vec<Tv, Code, VEC>(val[j], plan));
+                for (int j = 0; j < NV; ++j) {
+                    const int e = (lane + j * TPG) * VEC;
+                    if (e < hlen)
+                        store_code_vec<Code, VEC>(qg + e, quantize_vec_on<P, CORR, Tv, Code, VEC>(val[j], plan));
+                }
+            } else {
+                for_each_streamed<4, TPG, VEC>(len, lane, stream_load, [&](const Vec<Tv, VEC>& v, i64 e) {
+                    store_code_vec<Code, VEC>(qg + e, quantize_vec_on<P, CORR, Tv, Code, VEC>(v, plan));
+                });
             }
-        } else {
-            for_each_streamed<4, TPG, VEC>(len, lane, stream_load, [&](const Vec<Tv, VEC>& v, i64 e) {
-                store_vec<CodeT, VEC>(q + off + e, quantize_vec<Tv, Code, VEC>(v, plan));
-            });
-        }
+        });
     }
 }
 
@@ -221,33 +259,35 @@ quantize_tensor(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
     const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
     if (blockIdx.x == 0 && tid == 0) scale_out[0] = s;
     const DivPlan p = plan_division(s);
-
-    if (first < ntiles) {
-        const i64 last = first + ((ntiles - 1 - first) / G) * G;
-        for (i64 t = last; t >= first; t -= UNROLL * G) {
-            Vec<Tin, VEC> tmp[UNROLL];
+    on_path(div_path<ZERO_IS_ONE>(p, amax, 0u), [&](auto path) {
+        constexpr int P = decltype(path)::value, CORR = FastCorrections<Tin, ZERO_IS_ONE>::value;
+        if (first < ntiles) {
+            const i64 last = first + ((ntiles - 1 - first) / G) * G;
+            for (i64 t = last; t >= first; t -= UNROLL * G) {
+                Vec<Tin, VEC> tmp[UNROLL];
 #pragma unroll
-            for (int k = 0; k < UNROLL; ++k) {
-                const i64 tt = t - k * G, v = tt * THREADS + tid;
-                if (tt >= first && v < nvec) tmp[k] = load_vec<Tin, VEC>(x + v * VEC);
-            }
+                for (int k = 0; k < UNROLL; ++k) {
+                    const i64 tt = t - k * G, v = tt * THREADS + tid;
+                    if (tt >= first && v < nvec) tmp[k] = load_vec<Tin, VEC>(x + v * VEC);
+                }
 #pragma unroll
-            for (int k = 0; k < UNROLL; ++k) {
-                const i64 tt = t - k * G, v = tt * THREADS + tid;
-                if (tt >= first && v < nvec)
-                    store_vec<CodeT, VEC>(q + v * VEC, quantize_vec<Tin, Code, VEC>(tmp[k], p));
+                for (int k = 0; k < UNROLL; ++k) {
+                    const i64 tt = t - k * G, v = tt * THREADS + tid;
+                    if (tt >= first && v < nvec)
+                        store_code_vec<Code, VEC>(q + v * VEC, quantize_vec_on<P, CORR, Tin, Code, VEC>(tmp[k], p));
+                }
             }
         }
-    }
 #pragma unroll
-    for (int j = 0; j < CACHE; ++j) {
-        const i64 v = ((i64)blockIdx.x + j * G) * THREADS + tid;
-        if (v < nvec) store_vec<CodeT, VEC>(q + v * VEC, quantize_vec<Tin, Code, VEC>(cache[j], p));
-    }
-    if (blockIdx.x == 0 && tid < tail) {
-        const i64 i = nvec * VEC + tid;
-        store_vec<CodeT, 1>(q + i, quantize_vec<Tin, Code, 1>(load_vec<Tin, 1>(x + i), p));
-    }
+        for (int j = 0; j < CACHE; ++j) {
+            const i64 v = ((i64)blockIdx.x + j * G) * THREADS + tid;
+            if (v < nvec) store_code_vec<Code, VEC>(q + v * VEC, quantize_vec_on<P, CORR, Tin, Code, VEC>(cache[j], p));
+        }
+        if (blockIdx.x == 0 && tid < tail) {
+            const i64 i = nvec * VEC + tid;
+            store_code_vec<Code, 1>(q + i, quantize_vec_on<P, CORR, Tin, Code, 1>(load_vec<Tin, 1>(x + i), p));
+        }
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -274,12 +314,12 @@ quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
             const i64 v = c + k * THREADS + threadIdx.x;
-            if (v < nvec) store_vec<CodeT, VEC>(q + v * VEC, quantize_vec_div<Tin, Code, VEC>(tmp[k], b));
+            if (v < nvec) store_code_vec<Code, VEC>(q + v * VEC, quantize_vec_div<Tin, Code, VEC>(tmp[k], b));
         }
     }
     if (blockIdx.x == 0 && threadIdx.x < tail) {
         const i64 i = nvec * VEC + threadIdx.x;
-        store_vec<CodeT, 1>(q + i, quantize_vec_div<Tin, Code, 1>(load_vec<Tin, 1>(x + i), b));
+        store_code_vec<Code, 1>(q + i, quantize_vec_div<Tin, Code, 1>(load_vec<Tin, 1>(x + i), b));
     }
 }
 
@@ -314,10 +354,14 @@ quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
         const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
         if (threadIdx.x == 0) scale[t] = s;
         const DivPlan plan = plan_division(s);
+        on_path(div_path<ZERO_IS_ONE>(plan, amax, 0u), [&](auto path) {
+            constexpr int P = decltype(path)::value, CORR = FastCorrections<Tin, ZERO_IS_ONE>::value;
 #pragma unroll
-        for (int p = 0; p < PASSES; ++p)
-            if (col_ok && p * RPP < rows_left)
-                store_vec<CodeT, VEC>(q + off + (i64)p * RPP * K, quantize_vec<Tin, Code, VEC>(buf[p], plan));
+            for (int p = 0; p < PASSES; ++p)
+                if (col_ok && p * RPP < rows_left)
+                    store_code_vec<Code, VEC>(q + off + (i64)p * RPP * K,
+                                          quantize_vec_on<P, CORR, Tin, Code, VEC>(buf[p], plan));
+        });
     }
 }
 
@@ -325,12 +369,12 @@ quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 // Dequantization of an [rows, K] code matrix (K % VEC == 0). MODE says where an element's
 // scale is: TENSOR scale[0]; ROW scale[r * srs]; GROUP scale[r * srs + (c >> shift) * scs];
 // TILE scale[(r >> 7) * srs + (c >> 7) * scs]. x = Tout(f32(code) * scale), the product
-// rounded once to float32. Each block takes a contiguous chunk of UNROLL * 256 vectors.
+// rounded once to float32.
 enum ScaleMode { PER_TENSOR = 0, PER_ROW = 1, PER_GROUP = 2, PER_TILE = 3 };
 
-// UNROLL vectors are in flight per thread, a grid apart (measured faster on an H200 than a
-// block taking a contiguous chunk).
-template <typename Code, typename Tout, int VEC, int MODE, int UNROLL = 4, bool CHUNKED = false>
+// UNROLL vectors are in flight per thread, a grid apart. Measured on an H200
+// (benchmarks/NOTES.md): 2 beats 4 and 8 for every mode, 1 is best for one scale.
+template <typename Code, typename Tout, int VEC, int MODE, int UNROLL>
 __global__ void __launch_bounds__(256)
 dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restrict__ scale,
                   Tout* __restrict__ out, i64 rows, i64 kv, u32 kv_magic, u32 kv_shift,
@@ -340,9 +384,8 @@ dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restric
     const FastDiv kd{kv, kv_magic, kv_shift};
     const i64 nvec = rows * kv;
     const float s0 = MODE == PER_TENSOR ? scale[0] : 0.0f;
-    const i64 step = CHUNKED ? (i64)THREADS : (i64)gridDim.x * THREADS;
-    const i64 first = CHUNKED ? (i64)blockIdx.x * CHUNK + threadIdx.x
-                              : (i64)blockIdx.x * THREADS + threadIdx.x;
+    const i64 step = (i64)gridDim.x * THREADS;
+    const i64 first = (i64)blockIdx.x * THREADS + threadIdx.x;
     for (i64 c0 = first; c0 < nvec; c0 += (i64)gridDim.x * CHUNK) {
         Vec<CodeT, VEC> codes[UNROLL];
         float s[UNROLL];

@@ -65,8 +65,25 @@ def float_type_of(np_dtype: np.dtype) -> FloatType | None:
     return _BY_NUMPY.get(np_dtype)
 
 
+_NAMED: dict = {}
+
+
 def float_type_named(dtype, op: str, arg: str = "dtype") -> FloatType:
     """Resolve a user's dtype argument (NumPy, ml_dtypes, torch, JAX dtype or a name)."""
+    try:
+        return _NAMED[dtype]
+    except (KeyError, TypeError):  # not seen yet, or unhashable
+        pass
+    t = _resolve(dtype, op, arg)
+    try:
+        if len(_NAMED) < 64:
+            _NAMED[dtype] = t
+    except TypeError:
+        pass
+    return t
+
+
+def _resolve(dtype, op: str, arg: str) -> FloatType:
     if isinstance(dtype, str):
         name = dtype
     else:

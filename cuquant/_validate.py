@@ -78,8 +78,22 @@ def check_choice(value, op: str, arg: str, choices) -> object:
     return value
 
 
+_POSITIVE: dict = {}
+
+
 def check_positive_finite(value, op: str, arg: str) -> np.float32:
     """A float argument that must round to a finite float32 above zero."""
+    if type(value) is float:  # the common case, remembered: NumPy scalars cost ~1 us a call
+        f32 = _POSITIVE.get(value)
+        if f32 is None:
+            f32 = _check_positive_finite(value, op, arg)
+            if len(_POSITIVE) < 64:
+                _POSITIVE[value] = f32
+        return f32
+    return _check_positive_finite(value, op, arg)
+
+
+def _check_positive_finite(value, op: str, arg: str) -> np.float32:
     if isinstance(value, bool):
         raise TypeError(f"{op}: {arg} must be a number; got {value!r}")
     try:

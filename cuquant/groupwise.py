@@ -132,8 +132,9 @@ def quant_expr(fmt: str, t: FloatType, vec: int, geom) -> str:
 # buffers of `stage_bytes` in flight with bulk copies while eight consumer warps quantize,
 # each thread holding `hold` units of a group. Taken on sm_90 and up, on the fast path,
 # for inputs of at least `min_bytes` whose groups fit one stage. The values are the best
-# of a sweep on an H200 (benchmarks/stage_sweep.py, benchmarks/NOTES.md).
-STAGED = {"stage_bytes": 32 * 1024, "smem_per_block": 96 * 1024, "min_bytes": 1 << 20, "hold": 4}
+# of sweeps on an H200 (benchmarks/stage_sweep.py, benchmarks/NOTES.md): two 32 KB stages
+# a block, so that three blocks share a multiprocessor.
+STAGED = {"stage_bytes": 32 * 1024, "smem_per_block": 64 * 1024, "min_bytes": 1 << 20, "hold": 4}
 STAGED_THREADS = 288
 STAGED_MAX_UNITS = 2048  # 256 threads x 8 units
 
@@ -179,8 +180,8 @@ def _ds_codes(bits: int, symmetric: bool) -> str:
     return f"cq::DeepSpeedCodes<{bits}, {'true' if symmetric else 'false'}>"
 
 
-def dequant_expr(codes: str, out: FloatType, vec: int) -> str:
-    return f"cq::dequantize_groups<{codes}, {out.cxx}, {vec}>"
+def dequant_expr(codes: str, out: FloatType, vec: int, unroll: int) -> str:
+    return f"cq::dequantize_groups<{codes}, {out.cxx}, {vec}, {unroll}>"
 
 
 def batched_expr(out: FloatType) -> str:
@@ -192,7 +193,7 @@ def specializations():
     yield from quant_specializations(SRC, _ds_format, FLOATS.values())
     for bits, sym, out in itertools.product(BITS, (False, True), FLOATS.values()):
         for vec in (fast_vec(out), general_vec(bits)):
-            yield SRC, dequant_expr(_ds_codes(bits, sym), out, vec)
+            yield SRC, dequant_expr(_ds_codes(bits, sym), out, vec, DQ_UNROLL)
     for out in FLOATS.values():
         yield SRC, batched_expr(out)
 
@@ -292,7 +293,10 @@ def _quant_staged_plan(src, fmt, t, g, device):
     return plan
 
 
-DQ_TILE = 256 * 4  # units per block (DQ_THREADS * DQ_UNROLL in groups.cuh)
+# Units a dequantizing thread has in flight (measured fastest on an H200: 2 against 4
+# and 1 for this format; also the batched kernel's BATCH_UNROLL in groupwise.cu).
+DQ_UNROLL = 2
+DQ_THREADS = 256
 
 
 def dequant_plan(n: int, g: int, bits: int, out: FloatType, q, *params):
@@ -307,19 +311,19 @@ def dequant_plan(n: int, g: int, bits: int, out: FloatType, q, *params):
 
 
 def launch_dequantize(stream, src: str, codes: str, out: FloatType, bits: int, g: int, q, p0,
-                      p1, res) -> None:
+                      p1, res, unroll: int) -> None:
     n = res.size
     if n == 0:
         return
     vec, units, d = dequant_plan(n, g, bits, out, q, *([p0] if p1 is None else []))
     device = q.data.device_id
-    key = ("dequant", src, codes, out.name, vec, d, device)
+    key = ("dequant", src, codes, out.name, vec, d, unroll, device)
     plan = _plans.get(key)
     if plan is None:
-        fn = _kernels().function(src, dequant_expr(codes, out, vec), device)
+        fn = _kernels().function(src, dequant_expr(codes, out, vec, unroll), device)
         plan = _plans[key] = (_gpu().Launch(fn, 8),) + tuple(_gpu().fastdiv(d))
     launch, magic, shift = plan
-    launch(min(-(-units // DQ_TILE), 1 << 20), 256, stream,
+    launch(min(-(-units // (DQ_THREADS * unroll)), 1 << 20), DQ_THREADS, stream,
            (q.data.ptr, p0.data.ptr, _ptr(p1), res.data.ptr, units, d, magic, shift))
 
 
@@ -347,7 +351,7 @@ def _gpu_dequantize(stream, q, params, bits, sym, g, out):
     qc = contiguous(q)
     res = cp.empty(unpacked_shape(q.shape, bits), dtype=out.numpy)
     launch_dequantize(stream, SRC, _ds_codes(bits, sym), out, bits, g, qc, _params_ready(params),
-                      None, res)
+                      None, res, DQ_UNROLL)
     return ((res, False),)
 
 
@@ -596,7 +600,7 @@ def _run_batched(cp, checked, out, stream, device, outcome):
         kind = (1 if b == 4 else 0) | (2 if sym else 0) | (4 if vec > 2 else 0)
         rows.append((qc.data.ptr, pc.data.ptr, res.data.ptr, units, d, block,
                      int(magic) | (int(shift) << 32), kind))
-        block += -(-units // DQ_TILE)
+        block += -(-units // (DQ_THREADS * DQ_UNROLL))
     if rows:
         table = cp.asarray(np.array(rows, dtype=np.uint64).view(np.int64))
         key = ("batched", out.name, device)

@@ -5,6 +5,8 @@ Run on a CUDA machine: `python -m pytest -m gpu`."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import pytest
 import cuquant as cq
 from _util import assert_same_bits
 from cuquant import _registry
-from cuquant._dtypes import E4M3, INT8
+from cuquant._dtypes import E4M3, FLOATS, INT8
 
 pytestmark = pytest.mark.gpu
 
@@ -147,6 +149,33 @@ def test_near_rounding_boundaries(op, rng):
             args = (x, np.ones(x.shape[1], np.float32))
         host, dev = _run_both(op, args, kwargs)
         _compare(op, host, dev, f"{op.name} {variant}")
+
+
+def _every_16_bit_quotient(fmt: str, rng) -> np.ndarray:
+    """Rows [amax, x...]: amax every significand of the format in [1, 2), x every
+    significand at every exponent gap 0..24 below it (x <= amax), random signs, each row
+    scaled by a random power of two: every dividend and divisor the one-correction
+    division meets (tests/test_division.py), through the kernels themselves."""
+    bits = 8 if fmt == "bfloat16" else 11
+    sig = 1.0 + np.arange(1 << (bits - 1)) / (1 << (bits - 1))
+    rows = []
+    for gap in range(25):
+        x = np.broadcast_to(sig * 2.0 ** -gap, (sig.size, sig.size)).copy()
+        x[x > sig[:, None]] = 0
+        rows.append(np.concatenate([sig[:, None], x], axis=1))
+    x = np.concatenate(rows)
+    x *= rng.choice([-1.0, 1.0], size=x.shape)
+    span = (-100, 100) if fmt == "bfloat16" else (-4, 4)
+    x *= 2.0 ** rng.integers(*span, size=(x.shape[0], 1))
+    return x.astype(FLOATS[fmt].numpy)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_every_16_bit_quotient(fmt, rng):
+    x = _every_16_bit_quotient(fmt, rng)
+    for fn in (cq.quantize_int8_per_channel, cq.quantize_fp8_per_row, cq.quantize_int8_per_tensor):
+        host, dev = _run_both(SimpleNamespace(fn=fn), (x,), {})
+        _compare(None, host, dev, f"{fn.__name__} {fmt}")
 
 
 def test_division_against_div_rn(rng):

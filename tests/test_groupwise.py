@@ -288,9 +288,10 @@ def test_launchable_specializations_are_enumerated():
     for bits, out in itertools.product(gw.BITS, FLOATS.values()):
         for vec in (gw.fast_vec(out), gw.general_vec(bits)):
             for sym in (False, True):
-                assert gw.dequant_expr(gw._ds_codes(bits, sym), out, vec) in listed
+                assert gw.dequant_expr(gw._ds_codes(bits, sym), out, vec, gw.DQ_UNROLL) in listed
             for ts in ("float16", "bfloat16"):
-                assert gw.dequant_expr(zero_point._zp_codes(bits, FLOATS[ts]), out, vec) in listed
+                assert gw.dequant_expr(zero_point._zp_codes(bits, FLOATS[ts]), out, vec,
+                                       zero_point.DQ_UNROLL) in listed
         assert gw.batched_expr(out) in listed
     n_gw, n_zp = len(list(gw.specializations())), len(list(zero_point.specializations()))
     assert len(listed) == n_gw + n_zp and n_gw + n_zp < 520
