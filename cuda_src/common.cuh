@@ -106,7 +106,8 @@ __device__ __forceinline__ float rcp_rn(float a) {
 // Division by a divisor shared by a whole group.
 //
 // A group's divisor b is prepared once (DivPlan); each element then costs one multiply and
-// two Newton corrections, which give the correctly rounded quotient: y = RN(1/b) makes
+// two Newton corrections (fewer where divide_fast says they suffice), which give the
+// correctly rounded quotient: y = RN(1/b) makes
 // RN(a*y) within 1.5 ulp, the first correction makes it faithful and the second exact
 // (Markstein). That holds while the remainders stay normal, which the plan guarantees for
 // |a| <= 2**9 * |b| (every element of a group whose b came from the group's own maximum)

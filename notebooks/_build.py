@@ -1249,9 +1249,9 @@ else:
     md("""
     ## Host overhead
 
-    `host_us` is the wall-clock time per call for back-to-back calls on a small shape: the
-    Python-side cost of argument checks, dispatch and launch. It bounds how fast tiny
-    tensors can go, whatever the kernel.
+    `host_us` is the host time of one call on a small shape: the wall clock spent inside
+    the call with the GPU idle (argument checks, dispatch, output allocation and launch).
+    It bounds how fast tiny tensors can go, whatever the kernel.
     """),
     code('''
 if rows:
