@@ -143,6 +143,7 @@ def run(opts, checkpoint=None) -> list[dict]:
                                frac_copy=moved / (ms * 1e-3) / copy_bw)
                     if shape in _registry.SMALL_SHAPES:
                         row["host_us"] = harness.host_us_per_call(call)
+                        row["launch_us"] = harness.host_us_per_call(harness.empty_launch())
                     if op.alternative is not None:
                         alt = op.alternative(args, kwargs)
                         row["alternative"] = op.alternative_name
@@ -174,7 +175,7 @@ def run(opts, checkpoint=None) -> list[dict]:
 
 COLUMNS = [("op", "op"), ("variant", "variant"), ("dtype", "dtype"), ("shape", "shape"),
            ("us", "time us"), ("tbps", "TB/s"), ("frac_copy", "x copy"), ("target", "target"),
-           ("host_us", "host us"), ("eager_frac", "torch eager"),
+           ("host_us", "host us"), ("launch_us", "empty launch us"), ("eager_frac", "torch eager"),
            ("compile_frac", "torch.compile"), ("cupy_frac", "naive CuPy"),
            ("alternative", "compared with"), ("alternative_us", "its time us"),
            ("wall_us", "wall us"), ("alternative_wall_us", "its wall us"), ("error", "error")]
@@ -185,7 +186,7 @@ def _fmt(key, v):
         return ""
     if key in ("frac_copy", "eager_frac", "compile_frac", "cupy_frac", "target"):
         return f"{v:.3f}"
-    if key in ("us", "host_us", "alternative_us", "wall_us", "alternative_wall_us"):
+    if key in ("us", "host_us", "launch_us", "alternative_us", "wall_us", "alternative_wall_us"):
         return f"{v:.1f}"
     if key == "tbps":
         return f"{v:.3f}"
@@ -205,7 +206,9 @@ def markdown(env, copy_bw, rows) -> str:
             "are the same fraction for the torch eager expression, the same under torch.compile "
             "(headline shape only) and the naive CuPy expression, each counted at the logical "
             "bytes. `host us` is the host time of one call (wall clock inside the call with "
-            "the GPU idle; median of 1000 calls, lowest of 3 rounds).", "",
+            "the GPU idle; median of 1000 calls, lowest of 3 rounds); `empty launch us` is "
+            "the same measure of an empty CuPy kernel launch right after it, which shows the "
+            "state of the host at the time (SPEC section 8 cites about 7.5 us).", "",
             "| " + " | ".join(name for _, name in COLUMNS) + " |",
             "|" + "---|" * len(COLUMNS)]
     return "\n".join(head + [_line(r) for r in rows]) + "\n"

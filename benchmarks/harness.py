@@ -83,6 +83,19 @@ def host_us_per_call(fn, calls: int = 1000, rounds: int = 3) -> float:
     return best
 
 
+_EMPTY = None
+
+
+def empty_launch():
+    """A call that launches an empty CuPy kernel with no arguments: its host time, measured
+    beside an op's, shows the state of the host (SPEC section 8 cites about 7.5 us)."""
+    global _EMPTY
+    if _EMPTY is None:
+        k = _cp().RawKernel('extern "C" __global__ void empty() {}', "empty")
+        _EMPTY = lambda: k((1,), (1,), ())  # noqa: E731
+    return _EMPTY
+
+
 def wall_us(fn, reps: int = 15) -> float:
     """Median wall-clock microseconds of one call, synchronized: host work included."""
     cp = _cp()

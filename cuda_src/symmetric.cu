@@ -104,16 +104,20 @@ load_group_vec(const Tin* x, const float* smooth) {
     }
 }
 
-// Threads of a row-group block and the blocks per multiprocessor the compiler must fit:
-// 64 registers with four vectors a thread, 85 with SmoothQuant's float32 values. Measured
-// on an H200: keeping more blocks resident beats prefetching the next group into
-// registers, into a shared-memory ring (cp.async) or into L2, and fewer registers (more
-// blocks) spill (benchmarks/NOTES.md).
+// Threads of a row-group block and the blocks per multiprocessor the compiler must fit.
+// Teams that divide 256 threads share a block of 256; a team of any other multiple of 32
+// (a row of 7168 bf16 takes 7 warps of four vectors) is a block of its own, so no warp
+// idles through a pass. As many blocks as fit at 56 registers a thread (80 for
+// SmoothQuant's float32 values): 4 of 256 threads (64 registers), 5 of 224, 7 of 160.
+// Measured on an H200 (benchmarks/NOTES.md): a 7168-element row 0.90 of copy with 256
+// threads x 4 blocks, 0.96 with 224 x 5. At 48 registers the kernels spill and lose, and
+// keeping more blocks resident beats prefetching the next group into registers, shared
+// memory or L2.
 template <int TPG, int VPT, bool SMOOTH> struct RowGroupShape {
     enum {
-        threads = TPG > 256 ? TPG : 256,
-        budget = SMOOTH ? 768 : 1024,
-        min_blocks = budget / threads > 0 ? budget / threads : 1
+        threads = TPG >= 256 || 256 % TPG != 0 ? TPG : 256,
+        fit = 65536 / (threads * (SMOOTH ? 80 : 56)),
+        min_blocks = fit > 0 ? fit : 1
     };
 };
 

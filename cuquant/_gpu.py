@@ -44,19 +44,23 @@ def stream_arg(stream, op: str):
         return cp.cuda.ExternalStream(int(handle))
 
 
-def run(like, stream, fn, *args, **kwargs):
-    """Call fn(cupy_stream, *args, **kwargs) on the device of `like` with `stream` current
-    (kernels launch on the current stream), and hand its results back in the caller's
-    family. fn returns a tuple of (array, is_fp8) pairs."""
-    device = like.device
-    if stream is None and _get_device() == device:
-        return _hand_back(like, fn(_current_stream(), *args, **kwargs))
-    cp = cupy_module()
-    with cp.cuda.Device(device):
-        if stream is None:
-            return _hand_back(like, fn(cp.cuda.get_current_stream(), *args, **kwargs))
-        with stream:
-            return _hand_back(like, fn(stream, *args, **kwargs))
+def run(like, stream, fn, *args):
+    """Call fn(cupy_stream, *args) on the device of `like` with `stream` current (kernels
+    launch on the current stream), and hand its results back in the caller's family. fn
+    returns (arrays, fp8): a tuple of CuPy arrays, and whether the first holds fp8 codes."""
+    if stream is None and _get_device() == like.device:
+        arrays, fp8 = fn(_current_stream(), *args)
+    else:
+        cp = cupy_module()
+        with cp.cuda.Device(like.device):
+            if stream is None:
+                arrays, fp8 = fn(cp.cuda.get_current_stream(), *args)
+            else:
+                with stream:
+                    arrays, fp8 = fn(stream, *args)
+    if like.family != "cupy":
+        arrays = tuple([outcome(like, r, fp8 and i == 0) for i, r in enumerate(arrays)])
+    return arrays[0] if len(arrays) == 1 else arrays
 
 
 # CuPy's getDevice and get_current_stream, bound to these names at the first call (the
@@ -71,15 +75,6 @@ def _get_device() -> int:
 def _current_stream():
     _get_device()
     return _current_stream()
-
-
-def _hand_back(like, results):
-    if like.family == "cupy":
-        if len(results) == 1:
-            return results[0][0]
-        return tuple([r[0] for r in results])
-    out = tuple(outcome(like, r, fp8) for r, fp8 in results)
-    return out[0] if len(out) == 1 else out
 
 
 def props(device: int) -> dict:
@@ -144,14 +139,31 @@ class Launch:
         _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr, addr, 0)
 
 
-def empty_pair(shape_a, dtype_a: np.dtype, shape_b, dtype_b: np.dtype):
-    """Two C-contiguous device arrays carved out of one allocation, each 256-byte aligned:
-    an allocation costs the host about as much as half a kernel launch, a sixth of a
-    small call's budget. The memory is released when both arrays are."""
-    cp = cupy_module()
-    off = -(-math.prod(shape_a) * dtype_a.itemsize // 256) * 256
-    mem = cp.cuda.alloc(off + math.prod(shape_b) * dtype_b.itemsize)
-    return cp.ndarray(shape_a, dtype_a, mem), cp.ndarray(shape_b, dtype_b, mem + off)
+class Outputs:
+    """The output arrays of one kind of call, C-contiguous, carved out of one allocation,
+    each 256-byte aligned; their offsets are worked out once. An allocation costs the host
+    about as much as half a kernel launch, a sixth of a small call's budget, so a call
+    makes one. The memory is released when every array is."""
+
+    __slots__ = ("parts", "total")
+
+    def __init__(self, *specs):
+        parts, total = [], 0
+        for shape, dtype in specs:
+            parts.append((tuple(shape), np.dtype(dtype), total))
+            total += -(-math.prod(shape) * np.dtype(dtype).itemsize // 256) * 256
+        self.parts, self.total = tuple(parts), total
+
+    def make(self) -> list:
+        cp = cupy_module()
+        mem = cp.cuda.alloc(self.total)
+        nd = cp.ndarray
+        return [nd(shape, dtype, mem + off if off else mem) for shape, dtype, off in self.parts]
+
+
+def empty_arrays(*specs) -> list:
+    """C-contiguous device arrays, one per (shape, dtype), from one allocation (Outputs)."""
+    return Outputs(*specs).make()
 
 
 def f32_bits(v) -> int:
@@ -200,4 +212,4 @@ def blocks_for(work_items: int, per_block: int, cap: int = 1 << 20) -> int:
 
 
 __all__ = ["HOST", "NULL", "stream_arg", "run", "props", "resident_blocks", "workspace",
-           "fastdiv", "blocks_for", "Launch", "f32_bits", "empty_pair"]
+           "fastdiv", "blocks_for", "Launch", "f32_bits", "empty_arrays", "Outputs"]

@@ -36,19 +36,17 @@ def host_results(like: In, results):
     return outcome(like, results)
 
 
-def run_gpu(like: In, stream, fn, *args, **kwargs):
-    return _gpu.run(like, stream, fn, *args, **kwargs)
+run_gpu = _gpu.run  # the kernels' path (no wrapper: a call layer is a tenth of a microsecond)
 
 
 def contiguous(x):
     """x in C order (copied only when it is not)."""
-    if x.flags.c_contiguous:
-        return x
     if isinstance(x, np.ndarray):
-        return np.ascontiguousarray(x)
+        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
     from ._arrays import cupy_module
 
-    return cupy_module().ascontiguousarray(x)
+    # CuPy's own flag: x.flags builds an object a call (a third of a microsecond).
+    return x if x._c_contiguous else cupy_module().ascontiguousarray(x)
 
 
 def code_input(a: In, op: str, arg: str, code) -> None:

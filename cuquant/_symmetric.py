@@ -19,26 +19,41 @@ from ._dtypes import E4M3, FLOATS, INT8, CodeType, FloatType
 
 SRC = "symmetric.cu"
 
-# Scale rules (cuda_src/common.cuh, ScaleRule)
+# Scale rules (cuda_src/common.cuh, ScaleRule); NO_EPS is the floor of rules without one.
 ZERO_IS_ONE, FLOOR_EPS, FLOOR_EPS_POW2 = 0, 1, 2
+NO_EPS = np.float32(0)
 
 TENSOR_CACHE = 4  # vectors per thread the per-tensor kernel keeps on chip
 
-# (threads per group, vectors per thread): four 16-byte vectors a thread for groups of up
-# to 4096 vectors (measured fastest on an H200: for 7168-element rows 0.83 of copy against
-# 0.80 with eight a thread and 0.66 with two); one or two for groups that small. Vectors
-# per thread 0 means the group is streamed (read twice).
-def geometries() -> list[tuple[int, int]]:
+# (threads per group, vectors per thread). Four 16-byte vectors a thread for groups of up
+# to 4096 vectors, one or two for groups that small; vectors per thread 0 streams a group
+# too long to hold (read twice). A group of more than 128 vectors is held by a team of
+# whole warps: the fewest of TEAM_WARPS that cover it, so that at most an eighth of the
+# slots idle up to 1024 vectors (a 7168-element bf16 row, 896 vectors: 7 warps, 0.96 of
+# copy on an H200 against 0.90 with 8; 12288 elements: 12 warps, 0.93 against 0.76 with
+# 16). 14 warps measured 0.01 slower than 16 and is left out; SmoothQuant keeps teams of
+# a power of two warps (measured faster for it). benchmarks/NOTES.md has the numbers.
+TEAM_WARPS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 28, 32)
+POW2_WARPS = (2, 4, 8, 16, 32)
+
+
+def geometries(exact_teams: bool = True) -> list[tuple[int, int]]:
     """Every geometry `geometry` can pick."""
-    return [(1, 1), (1, 2)] + [(1 << i, 4) for i in range(11)] + [(1024, 0)]
+    warps = TEAM_WARPS if exact_teams else POW2_WARPS
+    return ([(1, 1), (1, 2)] + [(1 << i, 4) for i in range(6)] + [(32 * w, 4) for w in warps]
+            + [(1024, 0)])
 
 
-def geometry(nvec: int) -> tuple[int, int]:
+def geometry(nvec: int, exact_teams: bool = True) -> tuple[int, int]:
     """The geometry for groups of up to `nvec` vectors."""
     if nvec <= 2:
         return (1, max(nvec, 1))
-    if nvec <= 4096:
+    if nvec <= 128:
         return (1 << (-(-nvec // 4) - 1).bit_length(), 4)
+    if nvec <= 4096:
+        need = -(-nvec // 128)
+        warps = TEAM_WARPS if exact_teams else POW2_WARPS
+        return (32 * next(w for w in warps if w >= need), 4)
     return (1024, 0)
 
 
@@ -94,7 +109,7 @@ def specializations():
     for t in FLOATS.values():
         for vec in (vector_width(t), 1):
             for code, rule, smooth in ROW_GROUP_KINDS:
-                for geom in geometries():
+                for geom in geometries(exact_teams=not smooth):
                     yield SRC, row_groups_expr(t, code, rule, vec, geom, smooth)
             for code in (INT8, E4M3):
                 yield SRC, tensor_expr(t, code, vec)
@@ -107,6 +122,14 @@ def specializations():
 
 
 _plans: dict = {}
+PLAN_LIMIT = 4096  # problems remembered; past that the table starts over (shapes vary in serving)
+
+
+def _remember(key, plan):
+    if len(_plans) >= PLAN_LIMIT:
+        _plans.clear()
+    _plans[key] = plan
+    return plan
 
 
 _U8, _I8, _F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float32)
@@ -117,123 +140,148 @@ def _code_dtype(code: CodeType) -> np.dtype:
 
 
 def _contiguous(x):
-    return x if x.flags.c_contiguous else cupy_module().ascontiguousarray(x)
+    # CuPy's own flag: x.flags builds an object a call (a third of a microsecond).
+    return x if x._c_contiguous else cupy_module().ascontiguousarray(x)
+
+
+class Plan:
+    """Everything a launch needs besides the arrays' addresses: the kernel, the grid, the
+    outputs' layout and the remaining arguments. grid 0: nothing to launch."""
+
+    __slots__ = ("launch", "grid", "threads", "outputs", "args")
+
+    def __init__(self, expr, device, nargs, grid, threads, outputs, args):
+        # The kernel is compiled only when there is work (empty inputs need none).
+        self.launch = _gpu.Launch(_kernels.function(SRC, expr, device), nargs) if grid else None
+        self.grid, self.threads, self.outputs, self.args = grid, threads, outputs, args
 
 
 # ---------------------------------------------------------------------------------------
 # Launchers
 
-def _row_groups_plan(t, code, rule, k, group, vec, smooth, device):
+def row_threads(tpg: int) -> int:
+    """Threads a block of the row-group kernel has (RowGroupShape in symmetric.cu): teams
+    of tpg that divide 256 share a block of 256, other teams are a block each."""
+    return tpg if tpg >= 256 or 256 % tpg else 256
+
+
+def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bits, layout,
+                     q_shape, scale_shape, device):
+    vec = 16 // t.numpy.itemsize if aligned and k % (16 // t.numpy.itemsize) == 0 else 1
     gpr = -(-k // group)
-    geom = geometry(-(-min(group, k) // vec))
-    fn = _kernels.function(SRC, row_groups_expr(t, code, rule, vec, geom, smooth), device)
-    threads = max(geom[0], 256)
-    return _gpu.Launch(fn, 15), threads, threads // geom[0], gpr, _gpu.fastdiv(gpr)
+    geom = geometry(-(-min(group, k) // vec), exact_teams=not smooth)
+    threads = row_threads(geom[0])
+    magic, shift = _gpu.fastdiv(gpr)
+    q_shape = q_shape if q_shape is not None else (rows, k)
+    if layout == "column":
+        m4 = -(-rows // 4) * 4
+        outputs = _gpu.Outputs((q_shape, _code_dtype(code)), ((gpr, m4), _F32))
+        srs, sgs, pad = 1, m4, m4 - rows
+    else:
+        outputs = _gpu.Outputs((q_shape, _code_dtype(code)),
+                               (scale_shape if scale_shape is not None else (rows, gpr), _F32))
+        srs, sgs, pad = gpr, 1, 0
+    grid = min(-(-(rows * gpr) // max(threads // geom[0], 1)), 1 << 20) if rows and k else 0
+    return _remember(key, Plan(row_groups_expr(t, code, rule, vec, geom, smooth), device, 15,
+                               grid, threads, outputs,
+                               (rows, k, group, gpr, magic, shift, srs, sgs, pad,
+                                code.inv_qmax_bits, eps_bits)))
 
 
 def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
                         eps_bits: int = 0, smooth=None, scale_layout: str = "row",
                         scale_shape=None, q_shape=None):
     """x: C-contiguous [rows, K]. Returns (q [rows, K], scale [rows, ceil(K/group)]) where
-    scale is a strided view of a [groups, round_up(rows, 4)] buffer for layout "column";
-    `q_shape` and `scale_shape` allocate the outputs in other shapes of the same sizes.
-    eps_bits is the float32 floor of FLOOR_EPS rules, as bits."""
+    scale is a strided view of a [groups, round_up(rows, 4)] buffer for layout "column"
+    (its padding rows zero); `q_shape` and `scale_shape` allocate the outputs in other
+    shapes of the same sizes. eps_bits is the float32 floor of FLOOR_EPS rules, as bits."""
     rows, k = x.shape
-    vec = 16 // t.numpy.itemsize
-    if k % vec or x.data.ptr % 16 or (smooth is not None and smooth.data.ptr % 16):
-        vec = 1
-    device = x.data.device_id
-    key = ("rows", t.name, code.name, rule, k, group, vec, smooth is None, device)
+    xp = x.data.ptr
+    sp = 0 if smooth is None else smooth.data.ptr
+    key = ("rows", t.name, code.name, rule, rows, k, group, (xp | sp) % 16 == 0,
+           smooth is not None, eps_bits, scale_layout, q_shape, scale_shape, x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = _row_groups_plan(t, code, rule, k, group, vec, smooth is not None,
-                                              device)
-    launch, threads, per_block, gpr, (magic, shift) = plan
-    q_shape = q_shape if q_shape is not None else (rows, k)
-    if scale_layout == "column":
-        m4 = -(-rows // 4) * 4
-        q, buf = _gpu.empty_pair(q_shape, _code_dtype(code), (gpr, m4), _F32)
-        scale = buf[:, :rows].T
-        srs, sgs, pad = 1, m4, m4 - rows
-    else:
-        q, buf = _gpu.empty_pair(q_shape, _code_dtype(code),
-                                 scale_shape if scale_shape is not None else (rows, gpr), _F32)
-        scale = buf
-        srs, sgs, pad = gpr, 1, 0
-    if rows == 0 or k == 0:
-        if pad:
-            buf.fill(0)
-        return q, scale
-    launch(min(-(-(rows * gpr) // per_block), 1 << 20), threads, stream,
-           (x.data.ptr, q.data.ptr, buf.data.ptr, 0 if smooth is None else smooth.data.ptr, rows,
-            k, group, gpr, magic, shift, srs, sgs, pad, code.inv_qmax_bits, eps_bits))
-    return q, scale
+        plan = _row_groups_plan(key, t, code, rule, rows, k, group, (xp | sp) % 16 == 0,
+                                smooth is not None, eps_bits, scale_layout, q_shape, scale_shape,
+                                x.data.device_id)
+    q, buf = plan.outputs.make()
+    if plan.grid:
+        plan.launch(plan.grid, plan.threads, stream, (xp, q.data.ptr, buf.data.ptr, sp) + plan.args)
+    return q, (buf[:, :rows].T if scale_layout == "column" else buf)
 
 
 def quantize_tensor(stream, x, t: FloatType, code: CodeType):
     """Dynamic per-tensor: x C-contiguous, any shape. Returns (q, scale [1])."""
-    q, scale = _gpu.empty_pair(x.shape, _code_dtype(code), (1,), _F32)
-    n = x.size
-    if n == 0:
-        scale.fill(1.0)
-        return q, scale
+    xp = x.data.ptr
     device = x.data.device_id
-    vec = 16 // t.numpy.itemsize if x.data.ptr % 16 == 0 else 1
-    key = ("tensor", t.name, code.name, vec, device)
+    key = ("tensor", t.name, code.name, x.shape, xp % 16 == 0, device)
     plan = _plans.get(key)
     if plan is None:
-        fn = _kernels.function(SRC, tensor_expr(t, code, vec), device)
-        plan = _plans[key] = (_gpu.Launch(fn, 6), _gpu.resident_blocks(fn, device, 256))
-    launch, resident = plan
-    grid = max(1, min(-(-(n // vec) // 256), resident))
-    launch(grid, 256, stream, (x.data.ptr, q.data.ptr, scale.data.ptr, n,
-                               _gpu.workspace(device, stream).data.ptr, code.inv_qmax_bits))
+        vec = 16 // t.numpy.itemsize if xp % 16 == 0 else 1
+        n, expr, grid = x.size, tensor_expr(t, code, vec), 0
+        if n:  # a co-resident grid (the kernel's grid-wide handshake needs one)
+            fn = _kernels.function(SRC, expr, device)
+            grid = max(1, min(-(-(n // vec) // 256), _gpu.resident_blocks(fn, device, 256)))
+        plan = _remember(key, Plan(expr, device, 6, grid, 256,
+                                   _gpu.Outputs((x.shape, _code_dtype(code)), ((1,), _F32)),
+                                   (n, code.inv_qmax_bits)))
+    q, scale = plan.outputs.make()
+    if plan.grid:
+        plan.launch(plan.grid, 256, stream, (xp, q.data.ptr, scale.data.ptr, plan.args[0],
+                                             _gpu.workspace(device, stream).data.ptr, plan.args[1]))
+    else:
+        scale.fill(1.0)
     return q, scale
 
 
 def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, scale_array=None):
     """Per-tensor with a given scale: a float, or a device float32 array of one element."""
-    cp = cupy_module()
-    if scale_array is None:
-        q, scale_out = _gpu.empty_pair(x.shape, _code_dtype(code), (1,), _F32)
-        ptr, value, out = 0, _gpu.f32_bits(scale_value), scale_out.data.ptr
-    else:
-        q = cp.empty(x.shape, dtype=_code_dtype(code))
-        scale_out = scale_array.reshape(1)
-        ptr, value, out = scale_array.data.ptr, 0, 0
-    n = x.size
-    if n == 0:
-        if scale_array is None:
-            scale_out.fill(np.float32(scale_value))
-        return q, scale_out
+    xp = x.data.ptr
     device = x.data.device_id
-    vec = 16 // t.numpy.itemsize if x.data.ptr % 16 == 0 else 1
-    key = ("static", t.name, code.name, vec, device)
-    launch = _plans.get(key)
-    if launch is None:
-        launch = _plans[key] = _gpu.Launch(_kernels.function(SRC, static_expr(t, code, vec), device), 6)
-    launch(min(-(-(n // vec + 1) // 1024), 1 << 20), 256, stream,
-           (x.data.ptr, q.data.ptr, ptr, value, out, n))
+    given = scale_array is not None
+    key = ("static", t.name, code.name, x.shape, xp % 16 == 0, given, device)
+    plan = _plans.get(key)
+    if plan is None:
+        vec = 16 // t.numpy.itemsize if xp % 16 == 0 else 1
+        n = x.size
+        specs = ((x.shape, _code_dtype(code)),) + (() if given else (((1,), _F32),))
+        grid = min(-(-(n // vec + 1) // 1024), 1 << 20) if n else 0
+        plan = _remember(key, Plan(static_expr(t, code, vec), device, 6, grid, 256,
+                                   _gpu.Outputs(*specs), (n,)))
+    if given:
+        (q,) = plan.outputs.make()
+        scale_out = scale_array.reshape(1)
+        args = (xp, q.data.ptr, scale_array.data.ptr, 0, 0) + plan.args
+    else:
+        q, scale_out = plan.outputs.make()
+        args = (xp, q.data.ptr, 0, _gpu.f32_bits(scale_value), scale_out.data.ptr) + plan.args
+    if plan.grid:
+        plan.launch(plan.grid, 256, stream, args)
+    elif not given:
+        scale_out.fill(np.float32(scale_value))
     return q, scale_out
 
 
 def quantize_tiles(stream, w, t: FloatType, code: CodeType):
     """128x128 tiles of w [N, K]. Returns (q, scale [ceil(N/128), ceil(K/128)])."""
-    n, k = w.shape
-    tn, tk = -(-n // 128), -(-k // 128)
-    q, scale = _gpu.empty_pair((n, k), _code_dtype(code), (tn, tk), _F32)
-    if n == 0 or k == 0:
-        return q, scale
-    vec = 16 // t.numpy.itemsize
-    if k % vec or w.data.ptr % 16:
-        vec = 1
+    wp = w.data.ptr
     device = w.data.device_id
-    key = ("tiles", t.name, code.name, vec, device)
-    launch = _plans.get(key)
-    if launch is None:
-        launch = _plans[key] = _gpu.Launch(_kernels.function(SRC, tiles_expr(t, code, vec), device), 8)
-    launch(min(tn * tk, 1 << 20), 256, stream,
-           (w.data.ptr, q.data.ptr, scale.data.ptr, n, k, tn, tk, code.inv_qmax_bits))
+    key = ("tiles", t.name, code.name, w.shape, wp % 16 == 0, device)
+    plan = _plans.get(key)
+    if plan is None:
+        n, k = w.shape
+        tn, tk = -(-n // 128), -(-k // 128)
+        vec = 16 // t.numpy.itemsize
+        if k % vec or wp % 16:
+            vec = 1
+        grid = min(tn * tk, 1 << 20) if n and k else 0
+        plan = _remember(key, Plan(tiles_expr(t, code, vec), device, 8, grid, 256,
+                                   _gpu.Outputs(((n, k), _code_dtype(code)), ((tn, tk), _F32)),
+                                   (n, k, tn, tk, code.inv_qmax_bits)))
+    q, scale = plan.outputs.make()
+    if plan.grid:
+        plan.launch(plan.grid, 256, stream, (wp, q.data.ptr, scale.data.ptr) + plan.args)
     return q, scale
 
 
@@ -243,63 +291,54 @@ def dequantize(stream, q, rows: int, k: int, scale, code: CodeType, out: FloatTy
     (PER_TENSOR), `rows` values in C order (PER_ROW), [rows, ceil(K/group)] (PER_GROUP) or
     [ceil(rows/128), ceil(K/128)] (PER_TILE), any strides. Returns an array shaped like q.
     Each thread writes 16 bytes of output per vector."""
-    res = cupy_module().empty(q.shape, dtype=out.numpy)
-    if rows == 0 or k == 0:
-        return res
-    if mode == PER_TENSOR or mode == PER_ROW:
-        srs, scs = 1, 0
-    else:
-        strides = scale.strides
-        srs, scs = strides[0] // 4, strides[-1] // 4
-    vec = 16 // out.numpy.itemsize
-    if k % vec or q.data.ptr % vec:
-        vec = 1
-    kv = k // vec
-    device = q.data.device_id
-    key = ("dequant", code.name, out.name, vec, mode, kv, device)
+    qp = q.data.ptr
+    strides = scale.strides if mode >= PER_GROUP else None
+    key = ("dequant", code.name, out.name, q.shape, rows, k, mode, group, strides, qp % 16,
+           q.data.device_id)
     plan = _plans.get(key)
     if plan is None:
-        fn = _kernels.function(SRC, dequant_expr(code, out, vec, mode), device)
-        plan = _plans[key] = (_gpu.Launch(fn, 10),) + _gpu.fastdiv(kv) + (256 * DEQUANT_UNROLL[mode],)
-    launch, magic, shift, per_block = plan
-    launch(min(-(-(rows * kv) // per_block), 1 << 20), 256, stream,
-           (q.data.ptr, scale.data.ptr, res.data.ptr, rows, kv, magic, shift,
-            max(group, 1).bit_length() - 1, srs, scs))
+        srs, scs = (1, 0) if strides is None else (strides[0] // 4, strides[-1] // 4)
+        vec = 16 // out.numpy.itemsize
+        if k % vec or qp % vec:
+            vec = 1
+        kv = k // vec
+        grid = min(-(-(rows * kv) // (256 * DEQUANT_UNROLL[mode])), 1 << 20) if rows and k else 0
+        plan = _remember(key, Plan(dequant_expr(code, out, vec, mode), q.data.device_id, 10, grid,
+                                   256, _gpu.Outputs((q.shape, out.numpy)),
+                                   (rows, kv) + _gpu.fastdiv(kv)
+                                   + (max(group, 1).bit_length() - 1, srs, scs)))
+    (res,) = plan.outputs.make()
+    if plan.grid:
+        plan.launch(plan.grid, 256, stream, (qp, scale.data.ptr, res.data.ptr) + plan.args)
     return res
 
 
 # ---------------------------------------------------------------------------------------
-# What the public ops hand to _gpu.run: results paired with "holds fp8 codes".
-
-def _flag(code: CodeType, q, scale):
-    return (q, code is E4M3), (scale, False)
-
+# What the public ops hand to _gpu.run: (arrays, whether the first holds fp8 codes).
 
 def run_tensor(stream, x, t: FloatType, code: CodeType, value=None, device_scale=None):
     """Per-tensor quantization, dynamic (no scale given) or static."""
     if value is None and device_scale is None:
-        return _flag(code, *quantize_tensor(stream, _contiguous(x), t, code))
-    return _flag(code, *quantize_static(stream, _contiguous(x), t, code, value, device_scale))
+        return quantize_tensor(stream, _contiguous(x), t, code), code is E4M3
+    return quantize_static(stream, _contiguous(x), t, code, value, device_scale), code is E4M3
 
 
-def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=np.float32(0), smooth=None):
+def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=NO_EPS, smooth=None):
     """One group per row of the last axis (any rank); the scale has shape x.shape[:-1]."""
     shape = x.shape
     k = shape[-1]
-    if not x.flags.c_contiguous:
-        x = cupy_module().ascontiguousarray(x)
     if k == 0:  # an empty row's amax is 0
         from ._numpy import _core
 
         fill = (_core.scale_zero_is_one(np.zeros(1, np.float32), code) if rule == ZERO_IS_ONE
                 else _core.scale_floor(np.zeros(1, np.float32), eps, code))[0]
-        q = cupy_module().empty(shape, dtype=_code_dtype(code))
-        return _flag(code, q, cupy_module().full(shape[:-1], fill, dtype=np.float32))
-    x2 = x if x.ndim == 2 else x.reshape(-1, k)
-    q, scale = quantize_row_groups(stream, x2, t, code, rule, k, _eps_bits(eps),
-                                   None if smooth is None else _contiguous(smooth),
-                                   scale_shape=shape[:-1], q_shape=shape)
-    return _flag(code, q, scale)
+        cp = cupy_module()
+        return (cp.empty(shape, dtype=_code_dtype(code)),
+                cp.full(shape[:-1], fill, dtype=np.float32)), code is E4M3
+    x = _contiguous(x)
+    return quantize_row_groups(stream, x if len(shape) == 2 else x.reshape(-1, k), t, code, rule,
+                               k, _eps_bits(eps), None if smooth is None else _contiguous(smooth),
+                               "row", shape[:-1], shape), code is E4M3
 
 
 def _eps_bits(eps) -> int:
@@ -313,14 +352,14 @@ _eps_cache: dict = {}
 
 
 def run_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
-               eps=np.float32(0), scale_layout: str = "row"):
+               eps=NO_EPS, scale_layout: str = "row"):
     """Groups of `group` elements along the rows of a 2-D x."""
-    return _flag(code, *quantize_row_groups(stream, _contiguous(x), t, code, rule, group,
-                                            _eps_bits(eps), scale_layout=scale_layout))
+    return quantize_row_groups(stream, _contiguous(x), t, code, rule, group, _eps_bits(eps), None,
+                               scale_layout), code is E4M3
 
 
 def run_tiles(stream, w, t: FloatType, code: CodeType):
-    return _flag(code, *quantize_tiles(stream, _contiguous(w), t, code))
+    return quantize_tiles(stream, _contiguous(w), t, code), code is E4M3
 
 
 def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity: str,
@@ -333,13 +372,13 @@ def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity
         res = dequantize(stream, qc, 1, q.size, scale, code, out, PER_TENSOR)
     elif granularity == "row":
         k = q.shape[-1]
-        s1 = scale if scale.flags.c_contiguous else _contiguous(scale)
-        res = dequantize(stream, qc, q.size // k if k else 0, k, s1, code, out, PER_ROW)
+        res = dequantize(stream, qc, q.size // k if k else 0, k, _contiguous(scale), code, out,
+                         PER_ROW)
     else:
         rows, k = q.shape
         res = dequantize(stream, qc, rows, k, scale, code, out,
                          PER_GROUP if granularity == "group" else PER_TILE, group)
-    return ((res, False),)
+    return (res,), False
 
 
 __all__ = ["run_tensor", "run_rows", "run_groups", "run_tiles", "run_dequantize",

@@ -331,13 +331,15 @@ def _cp():
     return _kernels().require_cupy("cuquant")
 
 
+_F32 = np.dtype(np.float32)
+
+
 def _gpu_quantize(stream, x, t, bits, sym, g):
-    cp = _cp()
     xc = contiguous(x)
-    q = cp.empty(packed_shape(x.shape, bits), dtype=code_dtype(bits))
-    params = cp.empty((x.size // g, 1 if sym else 2), dtype=np.float32)
+    q, params = _gpu().empty_arrays((packed_shape(x.shape, bits), code_dtype(bits)),
+                                    ((x.size // g, 1 if sym else 2), _F32))
     launch_quantize(stream, SRC, _ds_format, xc, t, bits, g, q, params, mode=int(sym))
-    return (q, False), (params, False)
+    return (q, params), False
 
 
 def _params_ready(p):
@@ -352,7 +354,7 @@ def _gpu_dequantize(stream, q, params, bits, sym, g, out):
     res = cp.empty(unpacked_shape(q.shape, bits), dtype=out.numpy)
     launch_dequantize(stream, SRC, _ds_codes(bits, sym), out, bits, g, qc, _params_ready(params),
                       None, res, DQ_UNROLL)
-    return ((res, False),)
+    return (res,), False
 
 
 # ---------------------------------------------------------------------------------------

@@ -142,7 +142,7 @@ def smooth_quant(x, smooth, *, stream=None):
     if a.device == HOST:
         return host_results(a, _numpy.smooth_quant(a.data, b.data))
     return run_gpu(a, s, _symmetric.run_rows, a.data, t, INT8, _symmetric.ZERO_IS_ONE,
-                   smooth=b.data)
+                   _symmetric.NO_EPS, b.data)
 
 
 

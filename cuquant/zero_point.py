@@ -27,7 +27,7 @@ import itertools
 
 import numpy as np
 
-from . import _numpy
+from . import _gpu, _numpy
 from ._dtypes import FLOATS, HALVES, UINT4, UINT8, FloatType
 from ._numpy.groupwise import unpacked_shape
 from ._numpy.zero_point import random_bits
@@ -77,17 +77,15 @@ def _cp():
 
 
 def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
-    cp = _cp()
     m, k = x.shape
     xc = contiguous(x)
-    q = cp.empty((m, k // 2 if bits == 4 else k), dtype=_code_type(bits).numpy)
-    scales = cp.empty((m, k // g), dtype=t.numpy)
-    zeros = cp.empty((m, k // g), dtype=t.numpy)
-    deq = cp.empty((m, k), dtype=t.numpy)
+    q, scales, zeros, deq = _gpu.empty_arrays(
+        ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
+        ((m, k // g), t.numpy), ((m, k), t.numpy))
     rb = None if rbits is None else contiguous(rbits)
     launch_quantize(stream, SRC, _zp_format, xc, t, bits, g, q, scales, zeros, deq, rb, mode, seed,
                     big=False)
-    return (q, False), (scales, False), (zeros, False), (deq, False)
+    return (q, scales, zeros, deq), False
 
 
 def _gpu_dequantize(stream, q, scales, zeros, ts, bits, g, out):
@@ -95,7 +93,7 @@ def _gpu_dequantize(stream, q, scales, zeros, ts, bits, g, out):
     res = cp.empty(unpacked_shape(q.shape, bits), dtype=out.numpy)
     launch_dequantize(stream, SRC, _zp_codes(bits, ts), out, bits, g, contiguous(q),
                       contiguous(scales), contiguous(zeros), res, DQ_UNROLL)
-    return ((res, False),)
+    return (res,), False
 
 
 # ---------------------------------------------------------------------------------------

@@ -70,6 +70,34 @@ def test_matches_numpy(op, dtype, shape, variant, rng):
 
 
 # ---------------------------------------------------------------------------------------
+# Every geometry of the row kernels
+
+def _row_lengths(exact_teams: bool) -> list[int]:
+    """Row lengths K (bfloat16, 8 elements a vector) at both ends of every geometry's range
+    of vectors: each team size, whole-warp teams of any count included, is met with its
+    last vectors full and with one vector more than the team before it can hold."""
+    from cuquant import _symmetric
+
+    ends: dict = {}
+    for nvec in range(1, 4098):
+        g = _symmetric.geometry(nvec, exact_teams)
+        lo, hi = ends.get(g, (nvec, nvec))
+        ends[g] = (min(lo, nvec), max(hi, nvec))
+    assert set(ends) == set(_symmetric.geometries(exact_teams)), "a geometry is never picked"
+    return sorted({8 * n for lo, hi in ends.values() for n in (lo, hi)})
+
+
+@pytest.mark.parametrize("name", ["quantize_int8_per_channel", "quantize_fp8_per_row", "smooth_quant"])
+def test_every_row_geometry(name, rng):
+    fn = getattr(cq, name)
+    for k in _row_lengths(exact_teams=name != "smooth_quant"):
+        x = _registry.float_input(np, rng, (5, k), "bfloat16")
+        args = (x, rng.uniform(0.25, 4.0, k).astype(np.float32)) if name == "smooth_quant" else (x,)
+        host, dev = _run_both(SimpleNamespace(fn=fn), args, {})
+        _compare(None, host, dev, f"{name} K={k}")
+
+
+# ---------------------------------------------------------------------------------------
 # Edge values
 
 def _edges(x: np.ndarray, rng, with_nan: bool) -> np.ndarray:
