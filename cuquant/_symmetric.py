@@ -255,7 +255,7 @@ def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, s
         args = (xp, q.data.ptr, scale_array.data.ptr, 0, 0) + plan.args
     else:
         q, scale_out = plan.outputs.make()
-        args = (xp, q.data.ptr, 0, _gpu.f32_bits(scale_value), scale_out.data.ptr) + plan.args
+        args = (xp, q.data.ptr, 0, _f32_bits(scale_value), scale_out.data.ptr) + plan.args
     if plan.grid:
         plan.launch(plan.grid, 256, stream, args)
     elif not given:
@@ -337,24 +337,27 @@ def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=NO_EPS, smo
                 cp.full(shape[:-1], fill, dtype=np.float32)), code is E4M3
     x = _contiguous(x)
     return quantize_row_groups(stream, x if len(shape) == 2 else x.reshape(-1, k), t, code, rule,
-                               k, _eps_bits(eps), None if smooth is None else _contiguous(smooth),
+                               k, _f32_bits(eps), None if smooth is None else _contiguous(smooth),
                                "row", shape[:-1], shape), code is E4M3
 
 
-def _eps_bits(eps) -> int:
-    bits = _eps_cache.get(eps)
+def _f32_bits(v) -> int:
+    """A float32 argument's bits, remembered (packing them costs half a microsecond)."""
+    bits = _bits_cache.get(v)
     if bits is None:
-        bits = _eps_cache[eps] = _gpu.f32_bits(eps)
+        if len(_bits_cache) >= 256:
+            _bits_cache.clear()
+        bits = _bits_cache[v] = _gpu.f32_bits(v)
     return bits
 
 
-_eps_cache: dict = {}
+_bits_cache: dict = {}
 
 
 def run_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
                eps=NO_EPS, scale_layout: str = "row"):
     """Groups of `group` elements along the rows of a 2-D x."""
-    return quantize_row_groups(stream, _contiguous(x), t, code, rule, group, _eps_bits(eps), None,
+    return quantize_row_groups(stream, _contiguous(x), t, code, rule, group, _f32_bits(eps), None,
                                scale_layout), code is E4M3
 
 

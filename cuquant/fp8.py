@@ -152,6 +152,8 @@ def quantize_fp8_per_block(w, block_size=BLOCK_SIZE, *, stream=None):
 
 
 def _check_block_size(block_size, op):
+    if type(block_size) is tuple and block_size == BLOCK_SIZE:  # the default, at no cost
+        return
     try:
         bs = tuple(int(b) for b in block_size)
     except TypeError:
