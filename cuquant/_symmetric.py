@@ -28,11 +28,11 @@ TENSOR_CACHE = 4  # vectors per thread the per-tensor kernel keeps on chip
 # (threads per group, vectors per thread). Four 16-byte vectors a thread for groups of up
 # to 4096 vectors, one or two for groups that small; vectors per thread 0 streams a group
 # too long to hold (read twice). A group of more than 128 vectors is held by a team of
-# whole warps: the fewest of TEAM_WARPS that cover it, so that at most an eighth of the
-# slots idle up to 1024 vectors (a 7168-element bf16 row, 896 vectors: 7 warps, 0.96 of
-# copy on an H200 against 0.90 with 8; 12288 elements: 12 warps, 0.93 against 0.76 with
-# 16). 14 warps measured 0.01 slower than 16 and is left out; SmoothQuant keeps teams of
-# a power of two warps (measured faster for it). benchmarks/NOTES.md has the numbers.
+# whole warps, the fewest of TEAM_WARPS that cover it: up to 1024 vectors, fewer than a
+# warp's slots stay empty. Measured on an H200 (benchmarks/NOTES.md): a 7168-element bf16
+# row (896 vectors) 0.96 of copy with 7 warps against 0.90 with 8; 12288 elements 0.93
+# with 12 warps against 0.76 with 16. 14 warps measured 0.01 slower than 16 and is left
+# out. SmoothQuant keeps teams of a power of two warps, measured faster for it.
 TEAM_WARPS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 28, 32)
 POW2_WARPS = (2, 4, 8, 16, 32)
 

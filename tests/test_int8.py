@@ -227,3 +227,25 @@ REFUSALS = [
                          ids=[f"{r[0].__name__}-{i}" for i, r in enumerate(REFUSALS)])
 def test_refusals(fn, args, kwargs, exc, words):
     assert_refused(fn, args, kwargs, exc, words)
+
+
+# ---------------------------------------------------------------------------------------
+# The row kernels' geometries (shared by the INT8 and FP8 row quantizers)
+
+@pytest.mark.parametrize("exact_teams", [True, False],
+                         ids=["whole-warp teams", "power-of-two teams"])
+def test_row_geometries_hold_their_groups(exact_teams):
+    from cuquant import _symmetric
+
+    listed = set(_symmetric.geometries(exact_teams))
+    for nvec in range(1, 4200):
+        tpg, vpt = _symmetric.geometry(nvec, exact_teams)
+        assert (tpg, vpt) in listed, nvec  # compiled by the compile check
+        if vpt:
+            assert tpg * vpt >= nvec, nvec  # the team holds the whole group
+        if tpg > 32:
+            assert tpg % 32 == 0, nvec  # whole warps: the reduction shuffles full warps
+        threads = _symmetric.row_threads(tpg)
+        assert threads % tpg == 0 and threads <= 1024, nvec
+        if exact_teams and 128 < nvec <= 1024:
+            assert tpg * vpt - nvec < 128, nvec  # less than one warp's vectors left empty
