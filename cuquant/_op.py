@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _gpu
 from . import _validate as v
-from ._arrays import HOST, In, intake, outcome, same_place
+from ._arrays import HOST, In, cupy_module, intake, outcome, same_place
 from ._dtypes import E4M3, FLOATS, INT8, float_type_named
 
 __all__ = ["HOST", "In", "intake", "same_place", "host_results", "run_gpu", "stream_of",
@@ -43,8 +43,6 @@ def contiguous(x):
     """x in C order (copied only when it is not)."""
     if isinstance(x, np.ndarray):
         return x if x.flags.c_contiguous else np.ascontiguousarray(x)
-    from ._arrays import cupy_module
-
     # CuPy's own flag: x.flags builds an object a call (a third of a microsecond).
     return x if x._c_contiguous else cupy_module().ascontiguousarray(x)
 

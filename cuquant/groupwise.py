@@ -24,7 +24,7 @@ import itertools
 
 import numpy as np
 
-from . import _numpy
+from . import _gpu, _kernels, _numpy
 from ._dtypes import FLOATS, INT4, INT8, FloatType
 from ._numpy.groupwise import packed_shape, unpacked_shape
 from ._op import HOST, contiguous, host_results, intake, out_dtype, run_gpu, same_place, stream_of, v
@@ -141,7 +141,7 @@ STAGED_MAX_UNITS = 2048  # 256 threads x 8 units
 
 def staged_device(device: int) -> bool:
     """Whether the device has bulk copies (sm_90 and up)."""
-    return int(_gpu().props(device)["cc"]) >= 90
+    return int(_gpu.props(device)["cc"]) >= 90
 
 
 def staged_geometry(units: int, hold: int = 4) -> tuple[int, int]:
@@ -201,23 +201,15 @@ def specializations():
 # ---------------------------------------------------------------------------------------
 # Launchers
 
-def _kernels():
-    from . import _kernels as k
-
-    return k
-
-
-def _gpu():
-    from . import _gpu as g
-
-    return g
-
-
-def aligned(*arrays, to: int = 16) -> bool:
-    return all(a.data.ptr % to == 0 for a in arrays)
-
-
 _plans: dict = {}
+PLAN_LIMIT = 4096  # problems remembered; past that the table starts over (shapes vary in serving)
+
+
+def _remember(key, plan):
+    if len(_plans) >= PLAN_LIMIT:
+        _plans.clear()
+    _plans[key] = plan
+    return plan
 
 
 def _ptr(a) -> int:
@@ -228,8 +220,8 @@ def _quant_plan(src, fmt, t, vec, geom, device):
     key = ("quant", src, fmt, t.name, vec, geom, device)
     plan = _plans.get(key)
     if plan is None:
-        gpu = _gpu()
-        fn = _kernels().function(src, quant_expr(fmt, t, vec, geom), device)
+        gpu = _gpu
+        fn = _kernels.function(src, quant_expr(fmt, t, vec, geom), device)
         threads = max(geom[0], 256)
         plan = _plans[key] = (gpu.Launch(fn, 12), threads, (threads // geom[0]) * geom[2],
                               gpu.resident_blocks(fn, device, threads))
@@ -243,47 +235,56 @@ def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g
     allocated outputs. The fast path needs g to be a multiple of a 16-byte unit and 16-byte
     aligned x (and rbits); otherwise units are one byte of codes and a chunk is two groups
     when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on the
-    device at once."""
+    device at once. What a problem needs is worked out once (`_problem_plan`)."""
     n = x.size
     if n == 0:
         return
+    xp = x.data.ptr
+    rp = 0 if rbits is None else rbits.data.ptr
+    key = ("quant-problem", src, bits, t.name, n, g, (xp | rp) % 16 == 0, big, x.data.device_id)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _remember(key, _problem_plan(src, fmt_of_bits(bits), t, bits, n, g,
+                                             (xp | rp) % 16 == 0, big, x.data.device_id))
+    launch, grid, threads, head, tail = plan
+    launch(grid, threads, stream, (xp, q.data.ptr, p0.data.ptr, _ptr(p1), _ptr(deq), rp) + head
+           + (mode, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF) + tail)
+
+
+def _problem_plan(src, fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool, big: bool,
+                  device: int):
+    """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
     vec = fast_vec(t)
-    fast = g % vec == 0 and aligned(x, *(() if rbits is None else (rbits,)))
-    args = (x.data.ptr, q.data.ptr, p0.data.ptr, _ptr(p1), _ptr(deq), _ptr(rbits))
-    seeds = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
-    if fast and _staged(x, t, g):
-        launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(
-            src, fmt_of_bits(bits), t, g, x.data.device_id)
+    fast = g % vec == 0 and aligned
+    if fast and _staged(n * t.numpy.itemsize, t, g, device):
+        launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(src, fmt, t, g, device)
         groups = n // g
-        launch(min(-(-groups // gpc), resident), STAGED_THREADS, stream,
-               args + (groups, g, mode) + seeds + (gpc, stages, stage_bytes))
-        return
+        return (launch, min(-(-groups // gpc), resident), STAGED_THREADS, (groups, g),
+                (gpc, stages, stage_bytes))
     if fast:
         length = g
     else:
         vec = general_vec(bits)
         length = 2 * g if (bits == 4 and g % 2) else g
     geom = geometry(length // vec, fast, big)
-    launch, threads, per_block, resident = _quant_plan(src, fmt_of_bits(bits), t, vec, geom,
-                                                       x.data.device_id)
+    launch, threads, per_block, resident = _quant_plan(src, fmt, t, vec, geom, device)
     chunks = n // length
-    launch(min(-(-chunks // per_block), resident), threads, stream,
-           args + (chunks, length, g, mode) + seeds)
+    return launch, min(-(-chunks // per_block), resident), threads, (chunks, length, g), ()
 
 
-def _staged(x, t: FloatType, g: int) -> bool:
+def _staged(nbytes: int, t: FloatType, g: int, device: int) -> bool:
     units = g // fast_vec(t)
-    return (x.nbytes >= STAGED["min_bytes"] and g * t.numpy.itemsize <= STAGED["stage_bytes"]
-            and units <= STAGED_MAX_UNITS and staged_device(x.data.device_id))
+    return (nbytes >= STAGED["min_bytes"] and g * t.numpy.itemsize <= STAGED["stage_bytes"]
+            and units <= STAGED_MAX_UNITS and staged_device(device))
 
 
 def _quant_staged_plan(src, fmt, t, g, device):
     key = ("quant-staged", src, fmt, t.name, g, device)
     plan = _plans.get(key)
     if plan is None:
-        gpu = _gpu()
+        gpu = _gpu
         geom = staged_geometry(g // fast_vec(t), STAGED["hold"])
-        fn = _kernels().function(src, quant_staged_expr(fmt, t, geom), device)
+        fn = _kernels.function(src, quant_staged_expr(fmt, t, geom), device)
         stage_bytes = STAGED["stage_bytes"]
         stages = max(1, min(8, STAGED["smem_per_block"] // stage_bytes))
         smem = stages * stage_bytes
@@ -304,7 +305,8 @@ def dequant_plan(n: int, g: int, bits: int, out: FloatType, q, *params):
     wants g a multiple of the unit, codes aligned to their bytes of a unit and 8-byte
     aligned parameters."""
     vec = fast_vec(out)
-    if g % vec == 0 and aligned(q, to=vec * bits // 8) and aligned(*params, to=8):
+    if (g % vec == 0 and q.data.ptr % (vec * bits // 8) == 0
+            and all(p.data.ptr % 8 == 0 for p in params)):
         return vec, n // vec, g // vec
     vec = general_vec(bits)
     return vec, n // vec, g
@@ -315,20 +317,21 @@ def launch_dequantize(stream, src: str, codes: str, out: FloatType, bits: int, g
     n = res.size
     if n == 0:
         return
-    vec, units, d = dequant_plan(n, g, bits, out, q, *([p0] if p1 is None else []))
-    device = q.data.device_id
-    key = ("dequant", src, codes, out.name, vec, d, unroll, device)
+    qp, pp = q.data.ptr, p0.data.ptr
+    key = ("dequant-problem", src, codes, out.name, bits, n, g, qp % 16,
+           p1 is not None or pp % 8 == 0, unroll, q.data.device_id)
     plan = _plans.get(key)
     if plan is None:
-        fn = _kernels().function(src, dequant_expr(codes, out, vec, unroll), device)
-        plan = _plans[key] = (_gpu().Launch(fn, 8),) + tuple(_gpu().fastdiv(d))
-    launch, magic, shift = plan
-    launch(min(-(-units // (DQ_THREADS * unroll)), 1 << 20), DQ_THREADS, stream,
-           (q.data.ptr, p0.data.ptr, _ptr(p1), res.data.ptr, units, d, magic, shift))
+        vec, units, d = dequant_plan(n, g, bits, out, q, *([p0] if p1 is None else []))
+        fn = _kernels.function(src, dequant_expr(codes, out, vec, unroll), q.data.device_id)
+        plan = _remember(key, (_gpu.Launch(fn, 8), min(-(-units // (DQ_THREADS * unroll)), 1 << 20),
+                               (units, d) + tuple(_gpu.fastdiv(d))))
+    launch, grid, tail = plan
+    launch(grid, DQ_THREADS, stream, (qp, pp, _ptr(p1), res.data.ptr) + tail)
 
 
 def _cp():
-    return _kernels().require_cupy("cuquant")
+    return _kernels.require_cupy("cuquant")
 
 
 _F32 = np.dtype(np.float32)
@@ -336,8 +339,12 @@ _F32 = np.dtype(np.float32)
 
 def _gpu_quantize(stream, x, t, bits, sym, g):
     xc = contiguous(x)
-    q, params = _gpu().empty_arrays((packed_shape(x.shape, bits), code_dtype(bits)),
-                                    ((x.size // g, 1 if sym else 2), _F32))
+    key = ("outputs", x.shape, bits, sym, g)
+    outputs = _plans.get(key)
+    if outputs is None:
+        outputs = _remember(key, _gpu.Outputs((packed_shape(x.shape, bits), code_dtype(bits)),
+                                              ((x.size // g, 1 if sym else 2), _F32)))
+    q, params = outputs.make()
     launch_quantize(stream, SRC, _ds_format, xc, t, bits, g, q, params, mode=int(sym))
     return (q, params), False
 
@@ -586,7 +593,7 @@ def _gpu_batched(checked, out: FloatType, stream):
 
 
 def _run_batched(cp, checked, out, stream, device, outcome):
-    gpu = _gpu()
+    gpu = _gpu
     results, rows, keep = [], [], []
     block = 0
     for a, p, b, sym, g in checked:
@@ -608,7 +615,7 @@ def _run_batched(cp, checked, out, stream, device, outcome):
         key = ("batched", out.name, device)
         launch = _plans.get(key)
         if launch is None:
-            launch = _plans[key] = gpu.Launch(_kernels().function(SRC, batched_expr(out), device), 2)
+            launch = _plans[key] = gpu.Launch(_kernels.function(SRC, batched_expr(out), device), 2)
         launch(block, 256, stream, (table.data.ptr, len(rows)))
         keep.append(table)
     return [outcome(a, r) for (a, *_rest), r in zip(checked, results)]

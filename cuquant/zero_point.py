@@ -76,12 +76,21 @@ def _cp():
     return require_cupy("cuquant")
 
 
+_outputs: dict = {}  # the outputs' layout of each problem, worked out once
+
+
 def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
     m, k = x.shape
     xc = contiguous(x)
-    q, scales, zeros, deq = _gpu.empty_arrays(
-        ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
-        ((m, k // g), t.numpy), ((m, k), t.numpy))
+    key = (m, k, t.name, bits, g)
+    outputs = _outputs.get(key)
+    if outputs is None:
+        if len(_outputs) >= 1024:
+            _outputs.clear()
+        outputs = _outputs[key] = _gpu.Outputs(
+            ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
+            ((m, k // g), t.numpy), ((m, k), t.numpy))
+    q, scales, zeros, deq = outputs.make()
     rb = None if rbits is None else contiguous(rbits)
     launch_quantize(stream, SRC, _zp_format, xc, t, bits, g, q, scales, zeros, deq, rb, mode, seed,
                     big=False)
