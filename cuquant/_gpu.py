@@ -166,6 +166,18 @@ def empty_arrays(*specs) -> list:
     return Outputs(*specs).make()
 
 
+PLAN_LIMIT = 4096  # launch plans a table keeps; past that it starts over (shapes vary in serving)
+
+
+def remember(table: dict, key, plan):
+    """Store a launch plan under its problem's key and return it, keeping the table
+    bounded: a server that meets ever new shapes must not grow it without end."""
+    if len(table) >= PLAN_LIMIT:
+        table.clear()
+    table[key] = plan
+    return plan
+
+
 def f32_bits(v) -> int:
     """A float32 kernel argument as the integer a Launch takes."""
     return struct.unpack("<I", struct.pack("<f", v))[0]
@@ -212,4 +224,4 @@ def blocks_for(work_items: int, per_block: int, cap: int = 1 << 20) -> int:
 
 
 __all__ = ["HOST", "NULL", "stream_arg", "run", "props", "resident_blocks", "workspace",
-           "fastdiv", "blocks_for", "Launch", "f32_bits", "empty_arrays", "Outputs"]
+           "fastdiv", "blocks_for", "Launch", "f32_bits", "empty_arrays", "Outputs", "remember"]

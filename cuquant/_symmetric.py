@@ -121,15 +121,7 @@ def specializations():
             yield SRC, dequant_expr(code, out, vec, mode)
 
 
-_plans: dict = {}
-PLAN_LIMIT = 4096  # problems remembered; past that the table starts over (shapes vary in serving)
-
-
-def _remember(key, plan):
-    if len(_plans) >= PLAN_LIMIT:
-        _plans.clear()
-    _plans[key] = plan
-    return plan
+_plans: dict = {}  # launch plans by problem (_gpu.remember keeps it bounded)
 
 
 _U8, _I8, _F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float32)
@@ -182,10 +174,10 @@ def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bi
                                (scale_shape if scale_shape is not None else (rows, gpr), _F32))
         srs, sgs, pad = gpr, 1, 0
     grid = min(-(-(rows * gpr) // max(threads // geom[0], 1)), 1 << 20) if rows and k else 0
-    return _remember(key, Plan(row_groups_expr(t, code, rule, vec, geom, smooth), device, 15,
-                               grid, threads, outputs,
-                               (rows, k, group, gpr, magic, shift, srs, sgs, pad,
-                                code.inv_qmax_bits, eps_bits)))
+    plan = Plan(row_groups_expr(t, code, rule, vec, geom, smooth), device, 15, grid, threads,
+                outputs, (rows, k, group, gpr, magic, shift, srs, sgs, pad, code.inv_qmax_bits,
+                          eps_bits))
+    return _gpu.remember(_plans, key, plan)
 
 
 def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
@@ -223,7 +215,7 @@ def quantize_tensor(stream, x, t: FloatType, code: CodeType):
         if n:  # a co-resident grid (the kernel's grid-wide handshake needs one)
             fn = _kernels.function(SRC, expr, device)
             grid = max(1, min(-(-(n // vec) // 256), _gpu.resident_blocks(fn, device, 256)))
-        plan = _remember(key, Plan(expr, device, 6, grid, 256,
+        plan = _gpu.remember(_plans, key, Plan(expr, device, 6, grid, 256,
                                    _gpu.Outputs((x.shape, _code_dtype(code)), ((1,), _F32)),
                                    (n, code.inv_qmax_bits)))
     q, scale = plan.outputs.make()
@@ -247,7 +239,7 @@ def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, s
         n = x.size
         specs = ((x.shape, _code_dtype(code)),) + (() if given else (((1,), _F32),))
         grid = min(-(-(n // vec + 1) // 1024), 1 << 20) if n else 0
-        plan = _remember(key, Plan(static_expr(t, code, vec), device, 6, grid, 256,
+        plan = _gpu.remember(_plans, key, Plan(static_expr(t, code, vec), device, 6, grid, 256,
                                    _gpu.Outputs(*specs), (n,)))
     if given:
         (q,) = plan.outputs.make()
@@ -276,7 +268,7 @@ def quantize_tiles(stream, w, t: FloatType, code: CodeType):
         if k % vec or wp % 16:
             vec = 1
         grid = min(tn * tk, 1 << 20) if n and k else 0
-        plan = _remember(key, Plan(tiles_expr(t, code, vec), device, 8, grid, 256,
+        plan = _gpu.remember(_plans, key, Plan(tiles_expr(t, code, vec), device, 8, grid, 256,
                                    _gpu.Outputs(((n, k), _code_dtype(code)), ((tn, tk), _F32)),
                                    (n, k, tn, tk, code.inv_qmax_bits)))
     q, scale = plan.outputs.make()
@@ -303,10 +295,10 @@ def dequantize(stream, q, rows: int, k: int, scale, code: CodeType, out: FloatTy
             vec = 1
         kv = k // vec
         grid = min(-(-(rows * kv) // (256 * DEQUANT_UNROLL[mode])), 1 << 20) if rows and k else 0
-        plan = _remember(key, Plan(dequant_expr(code, out, vec, mode), q.data.device_id, 10, grid,
-                                   256, _gpu.Outputs((q.shape, out.numpy)),
-                                   (rows, kv) + _gpu.fastdiv(kv)
-                                   + (max(group, 1).bit_length() - 1, srs, scs)))
+        plan = _gpu.remember(_plans, key, Plan(
+            dequant_expr(code, out, vec, mode), q.data.device_id, 10, grid, 256,
+            _gpu.Outputs((q.shape, out.numpy)),
+            (rows, kv) + _gpu.fastdiv(kv) + (max(group, 1).bit_length() - 1, srs, scs)))
     (res,) = plan.outputs.make()
     if plan.grid:
         plan.launch(plan.grid, 256, stream, (qp, scale.data.ptr, res.data.ptr) + plan.args)

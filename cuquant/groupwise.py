@@ -201,15 +201,7 @@ def specializations():
 # ---------------------------------------------------------------------------------------
 # Launchers
 
-_plans: dict = {}
-PLAN_LIMIT = 4096  # problems remembered; past that the table starts over (shapes vary in serving)
-
-
-def _remember(key, plan):
-    if len(_plans) >= PLAN_LIMIT:
-        _plans.clear()
-    _plans[key] = plan
-    return plan
+_plans: dict = {}  # launch plans by problem (_gpu.remember keeps it bounded)
 
 
 def _ptr(a) -> int:
@@ -244,8 +236,8 @@ def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g
     key = ("quant-problem", src, bits, t.name, n, g, (xp | rp) % 16 == 0, big, x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
-        plan = _remember(key, _problem_plan(src, fmt_of_bits(bits), t, bits, n, g,
-                                             (xp | rp) % 16 == 0, big, x.data.device_id))
+        plan = _gpu.remember(_plans, key, _problem_plan(
+            src, fmt_of_bits(bits), t, bits, n, g, (xp | rp) % 16 == 0, big, x.data.device_id))
     launch, grid, threads, head, tail = plan
     launch(grid, threads, stream, (xp, q.data.ptr, p0.data.ptr, _ptr(p1), _ptr(deq), rp) + head
            + (mode, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF) + tail)
@@ -324,8 +316,9 @@ def launch_dequantize(stream, src: str, codes: str, out: FloatType, bits: int, g
     if plan is None:
         vec, units, d = dequant_plan(n, g, bits, out, q, *([p0] if p1 is None else []))
         fn = _kernels.function(src, dequant_expr(codes, out, vec, unroll), q.data.device_id)
-        plan = _remember(key, (_gpu.Launch(fn, 8), min(-(-units // (DQ_THREADS * unroll)), 1 << 20),
-                               (units, d) + tuple(_gpu.fastdiv(d))))
+        grid = min(-(-units // (DQ_THREADS * unroll)), 1 << 20)
+        plan = _gpu.remember(_plans, key, (_gpu.Launch(fn, 8), grid,
+                                           (units, d) + tuple(_gpu.fastdiv(d))))
     launch, grid, tail = plan
     launch(grid, DQ_THREADS, stream, (qp, pp, _ptr(p1), res.data.ptr) + tail)
 
@@ -342,8 +335,9 @@ def _gpu_quantize(stream, x, t, bits, sym, g):
     key = ("outputs", x.shape, bits, sym, g)
     outputs = _plans.get(key)
     if outputs is None:
-        outputs = _remember(key, _gpu.Outputs((packed_shape(x.shape, bits), code_dtype(bits)),
-                                              ((x.size // g, 1 if sym else 2), _F32)))
+        outputs = _gpu.remember(_plans, key, _gpu.Outputs(
+            (packed_shape(x.shape, bits), code_dtype(bits)),
+            ((x.size // g, 1 if sym else 2), _F32)))
     q, params = outputs.make()
     launch_quantize(stream, SRC, _ds_format, xc, t, bits, g, q, params, mode=int(sym))
     return (q, params), False

@@ -249,3 +249,14 @@ def test_row_geometries_hold_their_groups(exact_teams):
         assert threads % tpg == 0 and threads <= 1024, nvec
         if exact_teams and 128 < nvec <= 1024:
             assert tpg * vpt - nvec < 128, nvec  # less than one warp's vectors left empty
+
+
+def test_plan_tables_are_bounded(monkeypatch):
+    # A server meeting ever new shapes must not grow the launch-plan tables without end.
+    from cuquant import _gpu
+
+    monkeypatch.setattr(_gpu, "PLAN_LIMIT", 3)
+    table: dict = {}
+    for i in range(7):
+        assert _gpu.remember(table, i, str(i)) == str(i)
+        assert len(table) <= 3 and table[i] == str(i)
