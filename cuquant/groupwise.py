@@ -212,11 +212,10 @@ def _quant_plan(src, fmt, t, vec, geom, device):
     key = ("quant", src, fmt, t.name, vec, geom, device)
     plan = _plans.get(key)
     if plan is None:
-        gpu = _gpu
         fn = _kernels.function(src, quant_expr(fmt, t, vec, geom), device)
         threads = max(geom[0], 256)
-        plan = _plans[key] = (gpu.Launch(fn, 12), threads, (threads // geom[0]) * geom[2],
-                              gpu.resident_blocks(fn, device, threads))
+        plan = _plans[key] = (_gpu.Launch(fn, 12), threads, (threads // geom[0]) * geom[2],
+                              _gpu.resident_blocks(fn, device, threads))
     return plan
 
 
@@ -274,15 +273,14 @@ def _quant_staged_plan(src, fmt, t, g, device):
     key = ("quant-staged", src, fmt, t.name, g, device)
     plan = _plans.get(key)
     if plan is None:
-        gpu = _gpu
         geom = staged_geometry(g // fast_vec(t), STAGED["hold"])
         fn = _kernels.function(src, quant_staged_expr(fmt, t, geom), device)
         stage_bytes = STAGED["stage_bytes"]
         stages = max(1, min(8, STAGED["smem_per_block"] // stage_bytes))
         smem = stages * stage_bytes
-        plan = _plans[key] = (gpu.Launch(fn, 14, smem), stages, stage_bytes,
+        plan = _plans[key] = (_gpu.Launch(fn, 14, smem), stages, stage_bytes,
                               max(1, stage_bytes // (g * t.numpy.itemsize)),
-                              gpu.resident_blocks(fn, device, STAGED_THREADS, smem))
+                              _gpu.resident_blocks(fn, device, STAGED_THREADS, smem))
     return plan
 
 
@@ -587,7 +585,6 @@ def _gpu_batched(checked, out: FloatType, stream):
 
 
 def _run_batched(cp, checked, out, stream, device, outcome):
-    gpu = _gpu
     results, rows, keep = [], [], []
     block = 0
     for a, p, b, sym, g in checked:
@@ -599,7 +596,7 @@ def _run_batched(cp, checked, out, stream, device, outcome):
             continue
         keep.append((qc, pc))
         vec, units, d = dequant_plan(n, g, b, out, qc, *([] if sym else [pc]))
-        magic, shift = gpu.fastdiv(d)
+        magic, shift = _gpu.fastdiv(d)
         kind = (1 if b == 4 else 0) | (2 if sym else 0) | (4 if vec > 2 else 0)
         rows.append((qc.data.ptr, pc.data.ptr, res.data.ptr, units, d, block,
                      int(magic) | (int(shift) << 32), kind))
@@ -609,7 +606,8 @@ def _run_batched(cp, checked, out, stream, device, outcome):
         key = ("batched", out.name, device)
         launch = _plans.get(key)
         if launch is None:
-            launch = _plans[key] = gpu.Launch(_kernels.function(SRC, batched_expr(out), device), 2)
+            launch = _plans[key] = _gpu.Launch(_kernels.function(SRC, batched_expr(out), device),
+                                               2)
         launch(block, 256, stream, (table.data.ptr, len(rows)))
         keep.append(table)
     return [outcome(a, r) for (a, *_rest), r in zip(checked, results)]
