@@ -227,7 +227,6 @@ template <typename Tin, typename Code, int VEC, int CACHE>
 __global__ void __launch_bounds__(256, 4)
 quantize_tensor(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                 float* __restrict__ scale_out, i64 n, u32* __restrict__ ws, float inv_qmax) {
-    typedef typename Code::T CodeT;
     constexpr int THREADS = 256, UNROLL = 4;
     __shared__ u32 scratch[THREADS / 32 + 1];
     const i64 nvec = n / VEC, tail = n - nvec * VEC;
@@ -303,7 +302,6 @@ __global__ void __launch_bounds__(256)
 quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                 const float* __restrict__ scale_ptr, float scale_value,
                 float* __restrict__ scale_out, i64 n) {
-    typedef typename Code::T CodeT;
     constexpr int THREADS = 256, UNROLL = 4, CHUNK = THREADS * UNROLL;
     const float b = scale_ptr ? *scale_ptr : scale_value;
     if (scale_out && blockIdx.x == 0 && threadIdx.x == 0) scale_out[0] = b;
@@ -335,7 +333,6 @@ template <typename Tin, typename Code, int VEC>
 __global__ void __launch_bounds__(256, 4)
 quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                float* __restrict__ scale, i64 N, i64 K, i64 tiles_n, i64 tiles_k, float inv_qmax) {
-    typedef typename Code::T CodeT;
     constexpr int THREADS = 256, TILE = 128, COLV = TILE / VEC, RPP = THREADS / COLV,
                   PASSES = TILE / RPP;
     __shared__ u32 scratch[THREADS / 32];

@@ -161,11 +161,6 @@ class Outputs:
         return [nd(shape, dtype, mem + off if off else mem) for shape, dtype, off in self.parts]
 
 
-def empty_arrays(*specs) -> list:
-    """C-contiguous device arrays, one per (shape, dtype), from one allocation (Outputs)."""
-    return Outputs(*specs).make()
-
-
 PLAN_LIMIT = 4096  # launch plans a table keeps; past that it starts over (shapes vary in serving)
 
 
@@ -224,4 +219,4 @@ def blocks_for(work_items: int, per_block: int, cap: int = 1 << 20) -> int:
 
 
 __all__ = ["HOST", "NULL", "stream_arg", "run", "props", "resident_blocks", "workspace",
-           "fastdiv", "blocks_for", "Launch", "f32_bits", "empty_arrays", "Outputs", "remember"]
+           "fastdiv", "blocks_for", "Launch", "f32_bits", "Outputs", "remember"]

@@ -16,6 +16,7 @@ import numpy as np
 from . import _gpu, _kernels
 from ._arrays import cupy_module
 from ._dtypes import E4M3, FLOATS, INT8, CodeType, FloatType
+from ._op import contiguous
 
 SRC = "symmetric.cu"
 
@@ -129,11 +130,6 @@ _U8, _I8, _F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float32)
 
 def _code_dtype(code: CodeType) -> np.dtype:
     return _U8 if code is E4M3 else _I8
-
-
-def _contiguous(x):
-    # CuPy's own flag: x.flags builds an object a call (a third of a microsecond).
-    return x if x._c_contiguous else cupy_module().ascontiguousarray(x)
 
 
 class Plan:
@@ -311,8 +307,8 @@ def dequantize(stream, q, rows: int, k: int, scale, code: CodeType, out: FloatTy
 def run_tensor(stream, x, t: FloatType, code: CodeType, value=None, device_scale=None):
     """Per-tensor quantization, dynamic (no scale given) or static."""
     if value is None and device_scale is None:
-        return quantize_tensor(stream, _contiguous(x), t, code), code is E4M3
-    return quantize_static(stream, _contiguous(x), t, code, value, device_scale), code is E4M3
+        return quantize_tensor(stream, contiguous(x), t, code), code is E4M3
+    return quantize_static(stream, contiguous(x), t, code, value, device_scale), code is E4M3
 
 
 def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=NO_EPS, smooth=None):
@@ -327,20 +323,16 @@ def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=NO_EPS, smo
         cp = cupy_module()
         return (cp.empty(shape, dtype=_code_dtype(code)),
                 cp.full(shape[:-1], fill, dtype=np.float32)), code is E4M3
-    x = _contiguous(x)
+    x = contiguous(x)
     return quantize_row_groups(stream, x if len(shape) == 2 else x.reshape(-1, k), t, code, rule,
-                               k, _f32_bits(eps), None if smooth is None else _contiguous(smooth),
+                               k, _f32_bits(eps), None if smooth is None else contiguous(smooth),
                                "row", shape[:-1], shape), code is E4M3
 
 
 def _f32_bits(v) -> int:
     """A float32 argument's bits, remembered (packing them costs half a microsecond)."""
     bits = _bits_cache.get(v)
-    if bits is None:
-        if len(_bits_cache) >= 256:
-            _bits_cache.clear()
-        bits = _bits_cache[v] = _gpu.f32_bits(v)
-    return bits
+    return bits if bits is not None else _gpu.remember(_bits_cache, v, _gpu.f32_bits(v))
 
 
 _bits_cache: dict = {}
@@ -349,12 +341,12 @@ _bits_cache: dict = {}
 def run_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
                eps=NO_EPS, scale_layout: str = "row"):
     """Groups of `group` elements along the rows of a 2-D x."""
-    return quantize_row_groups(stream, _contiguous(x), t, code, rule, group, _f32_bits(eps), None,
+    return quantize_row_groups(stream, contiguous(x), t, code, rule, group, _f32_bits(eps), None,
                                scale_layout), code is E4M3
 
 
 def run_tiles(stream, w, t: FloatType, code: CodeType):
-    return quantize_tiles(stream, _contiguous(w), t, code), code is E4M3
+    return quantize_tiles(stream, contiguous(w), t, code), code is E4M3
 
 
 def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity: str,
@@ -362,12 +354,12 @@ def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity
     """Dequantize q of any shape. granularity: "tensor" (scale of one element), "row"
     (scale shaped q.shape[:-1]), "group" (scale [M, ceil(K/group)], any strides) or "tile"
     (scale [ceil(N/128), ceil(K/128)])."""
-    qc = _contiguous(q)
+    qc = contiguous(q)
     if granularity == "tensor":
         res = dequantize(stream, qc, 1, q.size, scale, code, out, PER_TENSOR)
     elif granularity == "row":
         k = q.shape[-1]
-        res = dequantize(stream, qc, q.size // k if k else 0, k, _contiguous(scale), code, out,
+        res = dequantize(stream, qc, q.size // k if k else 0, k, contiguous(scale), code, out,
                          PER_ROW)
     else:
         rows, k = q.shape

@@ -85,11 +85,9 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
     key = (m, k, t.name, bits, g)
     outputs = _outputs.get(key)
     if outputs is None:
-        if len(_outputs) >= 1024:
-            _outputs.clear()
-        outputs = _outputs[key] = _gpu.Outputs(
+        outputs = _gpu.remember(_outputs, key, _gpu.Outputs(
             ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
-            ((m, k // g), t.numpy), ((m, k), t.numpy))
+            ((m, k // g), t.numpy), ((m, k), t.numpy)))
     q, scales, zeros, deq = outputs.make()
     rb = None if rbits is None else contiguous(rbits)
     launch_quantize(stream, SRC, _zp_format, xc, t, bits, g, q, scales, zeros, deq, rb, mode, seed,
