@@ -84,6 +84,12 @@ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
     asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
     return r;
 }
+// c - a * b (the negation folds into the FMA; a C++ minus would be a flushing instruction).
+__device__ __forceinline__ float fnma_rn(float a, float b, float c) {
+    float r;
+    asm("{ .reg .f32 t; neg.f32 t, %1; fma.rn.f32 %0, t, %2, %3; }" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
 __device__ __forceinline__ float div_rn(float a, float b) {
     float r;
     asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
@@ -149,6 +155,20 @@ __device__ __forceinline__ float divide_fast(float s, const DivPlan& p) {
     float q = mul_rn(s, p.y);
 #pragma unroll
     for (int i = 0; i < CORR; ++i) q = fma_rn(fma_rn(q, p.nb, s), p.y, q);
+    return q;
+}
+
+// a / b from y = RN(1/b) with CORR Newton corrections, for SmoothQuant's per-column
+// divisors: correctly rounded while the remainders are exact and the quotients normal,
+// which holds for normal y, |a| >= 2**-100 and 2**-125 <= |a / b| <= 2**100. Two
+// corrections are exact for any a (Markstein); one is exact for a 16-bit a (at most 11
+// significant bits) and any b, checked over every pair of significands
+// (tests/test_gpu.py, test_division_by_reciprocal_every_16_bit_dividend).
+template <int CORR>
+__device__ __forceinline__ float divide_by_reciprocal(float a, float b, float y) {
+    float q = mul_rn(a, y);
+#pragma unroll
+    for (int i = 0; i < CORR; ++i) q = fma_rn(fnma_rn(q, b, a), y, q);
     return q;
 }
 
@@ -255,6 +275,21 @@ __device__ __forceinline__ Vec<T, N> load_stream(const T* p) {
         return load_vec<T, N>(p);
     }
 }
+
+// Shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes copied from global memory to a shared-memory address (smem_addr) in the
+// background (sm_80+), past L1; the copying thread sees them after cp_async_wait_all.
+__device__ __forceinline__ void cp_async16(u32 smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // A vector's elements as floats (exact). 16-bit types are unpacked two per 32-bit word.
 template <typename T, int N>

@@ -24,12 +24,6 @@ constexpr int ST_CONSUMERS = 32 * ST_CONSUMER_WARPS;
 constexpr int ST_THREADS = ST_CONSUMERS + 32;
 constexpr int ST_MAX_STAGES = 8;
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }

@@ -219,6 +219,139 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 }
 
 // ---------------------------------------------------------------------------------------
+// SmoothQuant rows held on chip (INT8): xs = x / smooth, then one scale per row.
+//
+// A persistent grid. Each block first puts y[k] = RN(1 / smooth[k]) in shared memory (NaN
+// where |smooth[k]| is outside [2**-32, 2**32]), so that x / smooth costs a multiply and one
+// Newton correction (two for float32 x), without the reciprocal, range check and branch of
+// a div.rn (divide_by_reciprocal: exact while |x| >= 2**-100 and 2**-125 <= |xs| <= 2**100).
+// With smooth in range, every quotient of magnitude >= 2**-68 meets that, and every smaller
+// one comes out below 2**-67. So a row is exact as computed when its amax lies in
+// [2**-20, 2**99]: the amax is then an exact quotient and an inexact one is below 2**-40 of
+// the scale, code 0 either way. An all-zero row is exact too (int8 codes carry no sign of
+// zero). Any other row (NaN, inf, huge or tiny quotients, a smooth out of range) is divided
+// again by div.rn.
+constexpr u32 SMOOTH_LO = 0x2f800000u, SMOOTH_HI = 0x4f800000u;      // 2**-32, 2**32
+constexpr u32 SMOOTH_AMAX_LO = 0x35800000u, SMOOTH_AMAX_HI = 0x71000000u;  // 2**-20, 2**99
+
+template <typename Tin, int VEC>
+__device__ __forceinline__ Vec<float, VEC> smooth_vec_fast(const Vec<Tin, VEC>& x, const float* b,
+                                                           const float* y) {
+    constexpr int CORR = sizeof(Tin) == 2 ? 1 : 2;
+    Vec<float, VEC> r;
+    float a[VEC];
+    unpack(x, a);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) r.v[i] = divide_by_reciprocal<CORR>(a[i], b[i], y[i]);
+    return r;
+}
+
+// Bits of x's elements or-ed into acc, sign bits included (masked by the caller).
+template <typename Tin, int VEC>
+__device__ __forceinline__ u32 or_bits(u32 acc, const Vec<Tin, VEC>& x) {
+    const u32* w = reinterpret_cast<const u32*>(&x);
+#pragma unroll
+    for (int k = 0; k < (int)(sizeof(Vec<Tin, VEC>) / 4); ++k) acc |= w[k];
+    return acc;
+}
+template <typename Tin> struct MagnitudeMask { static constexpr u32 value = 0x7fff7fffu; };
+template <> struct MagnitudeMask<float> { static constexpr u32 value = 0x7fffffffu; };
+
+// Shared memory: rcp (K floats, rounded up to 16 bytes), then one 16-byte slot per thread
+// and vector for the next row, copied in the background while this one is worked on.
+template <typename Tin, int VEC, int TPG, int VPT>
+__global__ void __launch_bounds__(RowGroupShape<TPG, VPT, true>::threads,
+                                  RowGroupShape<TPG, VPT, true>::min_blocks)
+smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restrict__ scale,
+                  const float* __restrict__ smooth, i64 rows, int K, float inv_qmax) {
+    static_assert(sizeof(Vec<Tin, VEC>) == 16, "rows are copied in 16-byte vectors");
+    constexpr int THREADS = RowGroupShape<TPG, VPT, true>::threads, SLOTS = THREADS / TPG;
+    extern __shared__ __align__(16) float rcp[];
+    __shared__ u32 scratch[THREADS / 32];
+    Vec<Tin, VEC>* next = reinterpret_cast<Vec<Tin, VEC>*>(rcp + ((K + 3) & ~3)) + threadIdx.x;
+    const u32 next_addr = smem_addr(next);
+    const int lane = threadIdx.x % TPG, slot = threadIdx.x / TPG;
+    const i64 stride = (i64)gridDim.x * SLOTS;
+
+    auto prefetch = [&](i64 r) {
+        if (r < rows) {
+            const Tin* xr = x + r * K;
+#pragma unroll
+            for (int j = 0; j < VPT; ++j) {
+                const int e = (lane + j * TPG) * VEC;
+                if (e < K) cp_async16(next_addr + j * THREADS * 16, xr + e);
+            }
+        }
+        cp_async_commit();
+    };
+    prefetch((i64)blockIdx.x * SLOTS + slot);
+
+    for (int k = threadIdx.x; k < K; k += THREADS) {
+        const float b = smooth[k];
+        const u32 mag = f2u(b) & 0x7fffffffu;
+        rcp[k] = mag >= SMOOTH_LO && mag <= SMOOTH_HI ? rcp_rn(b) : u2f(0x7fffffffu);
+    }
+    __syncthreads();
+
+    for (i64 base = (i64)blockIdx.x * SLOTS; base < rows; base += stride) {
+        const i64 r = base + slot;
+        const int len = r < rows ? K : 0;
+        // This thread's vectors of row r, copied by itself (the reads are done before the
+        // copy of its next row, issued just after, can land: it waits on global memory).
+        cp_async_wait_all();
+        Vec<Tin, VEC> raw[VPT];
+#pragma unroll
+        for (int j = 0; j < VPT; ++j)
+            if ((lane + j * TPG) * VEC < len) raw[j] = next[j * THREADS];
+        prefetch(r + stride);
+
+        Vec<float, VEC> val[VPT];
+        AbsMax<float> acc;
+        u32 any = 0;
+#pragma unroll
+        for (int j = 0; j < VPT; ++j) {
+            const int e = (lane + j * TPG) * VEC;
+            if (e < len) {
+                val[j] = smooth_vec_fast<Tin, VEC>(raw[j], load_vec<float, VEC>(smooth + e).v,
+                                                   reinterpret_cast<const Vec<float, VEC>*>(rcp + e)->v);
+                acc.add(val[j]);
+                any = or_bits<Tin, VEC>(any, raw[j]);
+            }
+        }
+        u32 amax = group_max<TPG>(acc.bits(), scratch);
+        const bool exact = amax <= SMOOTH_AMAX_HI &&
+                           (amax >= SMOOTH_AMAX_LO || (any & MagnitudeMask<Tin>::value) == 0);
+        if (__syncthreads_or(!exact)) {  // rare: the whole block divides again
+            AbsMax<float> again;
+#pragma unroll
+            for (int j = 0; j < VPT; ++j) {
+                const int e = (lane + j * TPG) * VEC;
+                if (e < len) {
+                    val[j] = smooth_vec<Tin, VEC>(load_vec<Tin, VEC>(x + r * K + e),
+                                                  load_vec<float, VEC>(smooth + e).v);
+                    again.add(val[j]);
+                }
+            }
+            amax = group_max<TPG>(again.bits(), scratch);
+        }
+        const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
+        if (len > 0 && lane == 0) scale[r] = s;
+        const DivPlan plan = plan_division(s);
+        i8* qr = q + r * K;
+        on_path(div_path<ZERO_IS_ONE>(plan, amax, 0u), [&](auto path) {
+            constexpr int P = decltype(path)::value;
+#pragma unroll
+            for (int j = 0; j < VPT; ++j) {
+                const int e = (lane + j * TPG) * VEC;
+                if (e < len)
+                    store_code_vec<CodeInt8, VEC>(qr + e, quantize_vec_on<P, 2, float, CodeInt8, VEC>(val[j], plan));
+            }
+        });
+    }
+    cp_async_wait_all();
+}
+
+// ---------------------------------------------------------------------------------------
 // One scale for the whole tensor (n elements, any shape), in one launch. The grid must be
 // co-resident (the host sizes it from the occupancy), ws is a zeroed 3-word workspace that
 // the kernel leaves zeroed. Each thread keeps its first CACHE vectors in registers; the

@@ -84,6 +84,7 @@ def props(device: int) -> dict:
         cp = require_cupy("cuquant")
         attrs = cp.cuda.Device(device).attributes
         p = {"sm_count": attrs["MultiProcessorCount"],
+             "smem_optin": attrs["MaxSharedMemoryPerBlockOptin"],
              "cc": cp.cuda.Device(device).compute_capability}
         _props[device] = p
     return p
@@ -120,7 +121,9 @@ class Launch:
         self._pack = struct.Struct(f"<{nargs}Q").pack_into
         self._tls = threading.local()
         _load_driver()
-        if smem > 48 * 1024:
+        # Above the default share (48 KB less the static part) a kernel must opt in; the
+        # setting belongs to the kernel, so it is only ever raised (other plans use it too).
+        if smem > fn.max_dynamic_shared_size_bytes:
             fn.max_dynamic_shared_size_bytes = smem
 
     def _block(self):

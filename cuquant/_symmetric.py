@@ -81,6 +81,11 @@ def row_groups_expr(t: FloatType, code: CodeType, rule: int, vec: int, geom, smo
     return f"cq::quantize_row_groups<{t.cxx}, {code.cxx}, {rule}, {vec}, {tpg}, {vpt}, {_b(smooth)}>"
 
 
+def smooth_expr(t: FloatType, vec: int, geom) -> str:
+    tpg, vpt = geom
+    return f"cq::smooth_quant_rows<{t.cxx}, {vec}, {tpg}, {vpt}>"
+
+
 def tensor_expr(t: FloatType, code: CodeType, vec: int) -> str:
     return f"cq::quantize_tensor<{t.cxx}, {code.cxx}, {vec}, {TENSOR_CACHE}>"
 
@@ -112,6 +117,10 @@ def specializations():
             for code, rule, smooth in ROW_GROUP_KINDS:
                 for geom in geometries(exact_teams=not smooth):
                     yield SRC, row_groups_expr(t, code, rule, vec, geom, smooth)
+            if vec > 1:
+                for geom in geometries(exact_teams=False):
+                    if geom[1]:
+                        yield SRC, smooth_expr(t, vec, geom)
             for code in (INT8, E4M3):
                 yield SRC, tensor_expr(t, code, vec)
                 yield SRC, static_expr(t, code, vec)
@@ -138,9 +147,10 @@ class Plan:
 
     __slots__ = ("launch", "grid", "threads", "outputs", "args")
 
-    def __init__(self, expr, device, nargs, grid, threads, outputs, args):
+    def __init__(self, expr, device, nargs, grid, threads, outputs, args, smem=0):
         # The kernel is compiled only when there is work (empty inputs need none).
-        self.launch = _gpu.Launch(_kernels.function(SRC, expr, device), nargs) if grid else None
+        self.launch = (_gpu.Launch(_kernels.function(SRC, expr, device), nargs, smem) if grid
+                       else None)
         self.grid, self.threads, self.outputs, self.args = grid, threads, outputs, args
 
 
@@ -153,11 +163,38 @@ def row_threads(tpg: int) -> int:
     return tpg if tpg >= 256 or 256 % tpg else 256
 
 
+def smooth_shared_bytes(k: int, threads: int, geom) -> int:
+    """Shared memory of smooth_quant_rows: K reciprocals, then a 16-byte slot per thread
+    and vector for the next row."""
+    return -(-k // 4) * 16 + threads * geom[1] * 16
+
+
+def _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device):
+    """SmoothQuant rows held on chip (smooth_quant_rows): a persistent grid, each block
+    keeping 1 / smooth in shared memory for all the rows it takes. Rows that are not
+    16-byte vectors, too long to hold, or whose reciprocals do not fit take the general
+    row kernel."""
+    outputs = _gpu.Outputs(((rows, k), _I8), ((rows,), _F32))
+    grid = min(-(-rows // (threads // geom[0])), 1 << 20) if k else 0
+    plan = Plan(smooth_expr(t, vec, geom), device, 7, grid, threads, outputs,
+                (rows, k, code.inv_qmax_bits), smem=smem)
+    if grid:
+        plan.grid = min(grid, _gpu.resident_blocks(plan.launch.fn, device, threads, smem))
+    return _gpu.remember(_plans, key, plan)
+
+
 def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bits, layout,
                      q_shape, scale_shape, device):
     vec = 16 // t.numpy.itemsize if aligned and k % (16 // t.numpy.itemsize) == 0 else 1
     gpr = -(-k // group)
-    geom = geometry(-(-min(group, k) // vec), exact_teams=not smooth)
+    nvec = -(-min(group, k) // vec)
+    if smooth and vec > 1 and rows and geometry(nvec, exact_teams=False)[1]:
+        geom = geometry(nvec, exact_teams=False)
+        threads = row_threads(geom[0])
+        smem = smooth_shared_bytes(k, threads, geom)
+        if smem <= _gpu.props(device)["smem_optin"]:
+            return _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device)
+    geom = geometry(nvec, exact_teams=not smooth)
     threads = row_threads(geom[0])
     magic, shift = _gpu.fastdiv(gpr)
     q_shape = q_shape if q_shape is not None else (rows, k)

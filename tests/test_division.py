@@ -121,3 +121,23 @@ def test_power_of_two_scales_need_no_correction():
         b = np.full_like(x, F32(2.0 ** e))
         y = rn32_quotient(np.ones_like(b), b)
         assert np.array_equal(divide(np.abs(x), b, y, 0), rn32_quotient(np.abs(x), b))
+
+
+def test_two_corrections_from_the_reciprocal_are_exact():
+    # SmoothQuant divides x by a per-column factor b from y = RN(1/b) with two corrections
+    # (common.cuh, divide_by_reciprocal), relying on it for |x| >= 2**-100 and quotients in
+    # [2**-125, 2**100]: here 10**6 pairs of full-precision significands, factors over
+    # [2**-32, 2**32], quotients at both ends of that range and between. The product
+    # alone is not enough, which the same check sees.
+    rng = np.random.default_rng(1)
+    n = 1_000_000
+    b = (rng.uniform(1, 2, n) * 2.0 ** rng.integers(-32, 33, n)).astype(F32)
+    q = rng.uniform(1, 2, n) * 2.0 ** rng.choice([-125, -110, -68, -20, 0, 40, 99], n)
+    x = (q * b.astype(F64)).astype(F32)
+    keep = (x >= 2.0 ** -100) & np.isfinite(x)
+    x, b = x[keep], b[keep]
+    assert x.size > n // 2
+    y = rn32_quotient(np.ones_like(b), b)
+    exact = rn32_quotient(x, b)
+    assert np.count_nonzero(divide(x, b, y, 2) != exact) == 0
+    assert np.count_nonzero(divide(x, b, y, 0) != exact) > 0

@@ -90,7 +90,10 @@ def _row_lengths(exact_teams: bool) -> list[int]:
 @pytest.mark.parametrize("name", ["quantize_int8_per_channel", "quantize_fp8_per_row", "smooth_quant"])
 def test_every_row_geometry(name, rng):
     fn = getattr(cq, name)
-    for k in _row_lengths(exact_teams=name != "smooth_quant"):
+    lengths = _row_lengths(exact_teams=name != "smooth_quant")
+    if name == "smooth_quant":  # rows of 8n - 1 elements take the general row kernel
+        lengths += [k - 1 for k in lengths if k > 8 and k <= 4096]
+    for k in lengths:
         x = _registry.float_input(np, rng, (5, k), "bfloat16")
         args = (x, rng.uniform(0.25, 4.0, k).astype(np.float32)) if name == "smooth_quant" else (x,)
         host, dev = _run_both(SimpleNamespace(fn=fn), args, {})
@@ -248,6 +251,150 @@ extern "C" __global__ void check_divide(const float* a, const float* b, unsigned
     bad = cp.zeros(3, dtype=cp.uint32)
     fn(((n + 255) // 256,), (256,), (a, b, bad, np.int64(n)))
     assert bad.get().tolist() == [0, 0, 0]  # bits, int8 codes, fp8 codes
+
+
+def test_division_by_reciprocal_against_div_rn(rng):
+    """SmoothQuant's division of a float32 x by smooth[k] from RN(1/smooth[k]) with two
+    corrections (common.cuh, divide_by_reciprocal) against div.rn.f32 on 10**7 pairs:
+    divisors of random bits with |b| in [2**-32, 2**32], dividends of random bits at every
+    exponent. Where the kernel relies on it (|a| >= 2**-100, 2**-125 <= |a / b| <= 2**100)
+    every quotient matches to the bit; where it does not but |a / b| < 2**-68, the
+    quotient stays below 2**-67, with one correction or two."""
+    import cupy as cp
+
+    from cuquant import _kernels
+
+    src = _kernels.source("common.cuh") + r"""
+extern "C" __global__ void check(const float* a, const float* b, unsigned* bad, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float fast = cq::divide_by_reciprocal<2>(a[i], b[i], cq::rcp_rn(b[i])), ref = cq::div_rn(a[i], b[i]);
+    unsigned ma = cq::f2u(a[i]) & 0x7fffffffu, mq = cq::f2u(ref) & 0x7fffffffu;
+    if (ma >= 0x0d800000u && mq >= 0x01000000u && mq <= 0x71800000u) {  // the exact domain
+        atomicAdd(&bad[2], 1u);
+        if (cq::f2u(fast) != cq::f2u(ref)) atomicAdd(&bad[0], 1u);
+    } else if (mq < 0x1d800000u) {  // a tiny quotient must stay tiny
+        float one = cq::divide_by_reciprocal<1>(a[i], b[i], cq::rcp_rn(b[i]));
+        if ((cq::f2u(fast) & 0x7fffffffu) >= 0x1e000000u || (cq::f2u(one) & 0x7fffffffu) >= 0x1e000000u)
+            atomicAdd(&bad[1], 1u);
+    }
+}
+"""
+    fn = cp.RawModule(code=src, options=("-std=c++17",)).get_function("check")
+    n = 10_000_000
+    g = cp.random.default_rng(int(rng.integers(1 << 31)))
+    b_exp = g.integers(127 - 32, 127 + 33, n).astype(cp.uint32)
+    b = ((b_exp << 23) | g.integers(0, 1 << 23, n).astype(cp.uint32)).view(cp.float32)
+    b[b_exp == 127 + 32] = cp.float32(2.0 ** 32)       # the range ends exactly
+    b[b_exp == 127 - 32] = cp.float32(2.0 ** -32)
+    a = g.integers(0, 0x7f800000, n).astype(cp.uint32)  # every finite magnitude
+    a = (a | (g.integers(0, 2, n).astype(cp.uint32) << 31)).view(cp.float32)
+    b = b * cp.where(g.integers(0, 2, n) == 1, 1, -1).astype(cp.float32)
+    # half of the pairs with quotients near the top of the exact domain and near 2**-68
+    h = n // 4
+    a[:h] = (g.uniform(0.5, 2, h) * 2.0 ** 100 * b[:h].astype(cp.float64)).astype(cp.float32)
+    a[h:2 * h] = (g.uniform(0.25, 4, h) * 2.0 ** -68 * b[h:2 * h].astype(cp.float64)).astype(cp.float32)
+    bad = cp.zeros(3, dtype=cp.uint32)
+    fn(((n + 255) // 256,), (256,), (a, b, bad, np.int64(n)))
+    bad = bad.get().tolist()
+    assert bad[:2] == [0, 0]  # mismatches in the exact domain, tiny quotients grown
+    assert bad[2] > n // 3    # the exact domain was well covered
+
+
+@pytest.mark.parametrize("bits", [8, 11])
+def test_division_by_reciprocal_every_16_bit_dividend(bits):
+    """One correction divides a bfloat16 (8 significant bits) or float16 (11) x by any b
+    exactly: every significand of x in [1, 2) against every float32 significand of b in
+    [1, 2), both binades of the quotient. Scaling x and b by powers of two scales every
+    step exactly while all stays normal, so this covers SmoothQuant's whole fast domain.
+    Without the correction the same check sees mismatches."""
+    import cupy as cp
+
+    from cuquant import _kernels
+
+    src = _kernels.source("common.cuh") + r"""
+extern "C" __global__ void check(int bits, unsigned* bad) {
+    unsigned m = blockIdx.x * blockDim.x + threadIdx.x;  // b's 23 fraction bits
+    if (m >= (1u << 23)) return;
+    float b = cq::u2f(0x3f800000u | m), y = cq::rcp_rn(b);
+    unsigned n0 = 0, n1 = 0;
+    for (unsigned k = 0; k < (1u << (bits - 1)); ++k) {
+        float a = cq::u2f(0x3f800000u | (k << (24 - bits)));
+        unsigned ref = cq::f2u(cq::div_rn(a, b));
+        n0 += cq::f2u(cq::divide_by_reciprocal<0>(a, b, y)) != ref;
+        n1 += cq::f2u(cq::divide_by_reciprocal<1>(a, b, y)) != ref;
+    }
+    if (n0) atomicAdd(&bad[0], n0);
+    if (n1) atomicAdd(&bad[1], n1);
+}
+"""
+    fn = cp.RawModule(code=src, options=("-std=c++17",)).get_function("check")
+    bad = cp.zeros(2, dtype=cp.uint32)
+    fn(((1 << 23) // 256,), (256,), (np.int32(bits), bad))
+    bad = bad.get().tolist()
+    assert bad[0] > 0   # the product alone is not exact
+    assert bad[1] == 0  # one correction is
+
+
+def _smooth_rows(rng, rows: int, smooth: np.ndarray, dtype: str) -> np.ndarray:
+    """x = xs * smooth for rows xs of every kind the SmoothQuant kernel tells apart,
+    cycling: ordinary, all zero, all tiny (amax below 2**-20), huge (above 2**99), ordinary
+    with tiny elements and zeros beside them, an inf, a NaN, and amax next to either end
+    of the fast path."""
+    k = smooth.size
+    xs = rng.standard_normal((rows, k))
+    for r in range(rows):
+        kind = r % 9
+        if kind == 1:
+            xs[r] = 0
+        elif kind == 2:
+            xs[r] *= 2.0 ** rng.integers(-120, -24)
+        elif kind == 3:
+            xs[r] *= 2.0 ** rng.integers(100, 120)
+        elif kind == 4:
+            xs[r, ::3] *= 2.0 ** -110
+            xs[r, 1::7] = 0
+        elif kind == 5:
+            xs[r, rng.integers(k)] = np.inf
+        elif kind == 6:
+            xs[r, rng.integers(k)] = np.nan
+        elif kind in (7, 8):
+            top = 2.0 ** (-20 if kind == 7 else 99)
+            xs[r] *= top / np.max(np.abs(xs[r])) * (1 + rng.integers(-3, 4) * 2.0 ** -23)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (xs * smooth.astype(np.float64)).astype(FLOATS[dtype].numpy)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_smooth_quant_rows(dtype, rng):
+    """Every kind of row (_smooth_rows) in one launch, blocks of one and of many rows, with
+    factors in the fast path's range and with one outside it (0, inf, NaN, subnormal,
+    2**-33, 2**33), against the NumPy backend."""
+    for k in (40, 1000, 7168):
+        inside = rng.uniform(0.5, 2, k) * 2.0 ** rng.integers(-4, 5, k) * rng.choice([-1, 1], k)
+        inside[:2] = (2.0 ** -32, -(2.0 ** 32))
+        outside = inside.copy()
+        outside[rng.integers(2, k)] = rng.choice([0, np.inf, np.nan, 1e-40, 2.0 ** -33, 2.0 ** 33])
+        for smooth in (inside.astype(np.float32), outside.astype(np.float32)):
+            x = _smooth_rows(rng, 90, np.where(np.isfinite(smooth) & (smooth != 0), smooth, 1),
+                             dtype)
+            host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth), {})
+            _compare(None, host, dev, f"smooth_quant K={k} {dtype}")
+
+
+def test_smooth_quant_quotients(rng):
+    """One nonzero element a row, so its quotient x / smooth is the row's amax, which the
+    scale shows: quotients log-uniform over [2**-30, 2**110] (both ends of the fast path
+    and past them), factors over [2**-32, 2**32], float32 dividends of full precision."""
+    rows, k = 20000, 64
+    smooth = (rng.uniform(1, 2, k) * 2.0 ** rng.integers(-32, 33, k)
+              * rng.choice([-1.0, 1.0], k)).astype(np.float32)
+    col = rng.integers(0, k, rows)
+    quot = 2.0 ** rng.uniform(-30, 110, rows) * rng.choice([-1.0, 1.0], rows)
+    x = np.zeros((rows, k), np.float32)
+    x[np.arange(rows), col] = (quot * smooth[col].astype(np.float64)).astype(np.float32)
+    host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth), {})
+    _compare(None, host, dev, "smooth_quant one element a row")
 
 
 # ---------------------------------------------------------------------------------------

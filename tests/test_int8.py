@@ -251,6 +251,22 @@ def test_row_geometries_hold_their_groups(exact_teams):
             assert tpg * vpt - nvec < 128, nvec  # less than one warp's vectors left empty
 
 
+def test_smooth_rows_kernel_is_listed_and_fits():
+    # SmoothQuant rows of 16-byte vectors that a team holds take smooth_quant_rows, whose
+    # shared memory (K reciprocals and the next row) must fit an H100 / H200 block (227 KB).
+    from cuquant import _symmetric
+    from cuquant._dtypes import FLOATS
+
+    listed = {e for _, e in _symmetric.specializations()}
+    for t in FLOATS.values():
+        vec = _symmetric.vector_width(t)
+        for nvec in range(1, 4097):
+            geom = _symmetric.geometry(nvec, exact_teams=False)
+            assert _symmetric.smooth_expr(t, vec, geom) in listed, (t.name, nvec)
+            threads = _symmetric.row_threads(geom[0])
+            assert _symmetric.smooth_shared_bytes(nvec * vec, threads, geom) <= 227 * 1024
+
+
 def test_plan_tables_are_bounded(monkeypatch):
     # A server meeting ever new shapes must not grow the launch-plan tables without end.
     from cuquant import _gpu
