@@ -221,10 +221,12 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 // ---------------------------------------------------------------------------------------
 // SmoothQuant rows held on chip (INT8): xs = x / smooth, then one scale per row.
 //
-// A persistent grid. Each block first puts y[k] = RN(1 / smooth[k]) in shared memory (NaN
-// where |smooth[k]| is outside [2**-32, 2**32]), so that x / smooth costs a multiply and one
-// Newton correction (two for float32 x), without the reciprocal, range check and branch of
-// a div.rn (divide_by_reciprocal: exact while |x| >= 2**-100 and 2**-125 <= |xs| <= 2**100).
+// A persistent grid. Each block first puts smooth[k] and y[k] = RN(1 / smooth[k]) in shared
+// memory (y NaN where |smooth[k]| is outside [2**-32, 2**32]), so that x / smooth costs a
+// multiply and one Newton correction (two for float32 x), without the reciprocal, range
+// check and branch of a div.rn (divide_by_reciprocal: exact while |x| >= 2**-100 and
+// 2**-125 <= |xs| <= 2**100). Read from L1 instead, smooth missed there often enough to
+// cost a quarter of the speed (benchmarks/NOTES.md).
 // With smooth in range, every quotient of magnitude >= 2**-68 meets that, and every smaller
 // one comes out below 2**-67. So a row is exact as computed when its amax lies in
 // [2**-20, 2**99]: the amax is then an exact quotient and an inexact one is below 2**-40 of
@@ -257,8 +259,34 @@ __device__ __forceinline__ u32 or_bits(u32 acc, const Vec<Tin, VEC>& x) {
 template <typename Tin> struct MagnitudeMask { static constexpr u32 value = 0x7fff7fffu; };
 template <> struct MagnitudeMask<float> { static constexpr u32 value = 0x7fffffffu; };
 
-// Shared memory: rcp (K floats, rounded up to 16 bytes), then one 16-byte slot per thread
-// and vector for the next row, copied in the background while this one is worked on.
+// Per-column values in shared memory, laid out so that a warp reading the VEC columns of
+// its vectors reads contiguous 16-byte pieces (no bank conflicts): for VEC = 8, the first
+// four columns of each vector in one half of the array, the last four in the other.
+template <int VEC>
+__device__ __forceinline__ int column_slot(int k, int K) {
+    if constexpr (VEC == 8) {
+        return (k & 4 ? K >> 1 : 0) + ((k >> 3) << 2) + (k & 3);
+    } else {
+        return k;
+    }
+}
+template <int VEC>
+__device__ __forceinline__ Vec<float, VEC> load_columns(const float* base, int e, int K) {
+    Vec<float, VEC> r;
+    if constexpr (VEC == 8) {
+        const Vec<float, 4> lo = *reinterpret_cast<const Vec<float, 4>*>(base + (e >> 1));
+        const Vec<float, 4> hi = *reinterpret_cast<const Vec<float, 4>*>(base + (K >> 1) + (e >> 1));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.v[i] = lo.v[i], r.v[4 + i] = hi.v[i];
+    } else {
+        r = *reinterpret_cast<const Vec<float, VEC>*>(base + e);
+    }
+    return r;
+}
+
+// Shared memory: the reciprocals and smooth itself (K floats each, column_slot order, each
+// rounded up to 16 bytes), then one 16-byte slot per thread and vector for the next row,
+// copied in the background while this one is worked on.
 template <typename Tin, int VEC, int TPG, int VPT>
 __global__ void __launch_bounds__(RowGroupShape<TPG, VPT, true>::threads,
                                   RowGroupShape<TPG, VPT, true>::min_blocks)
@@ -268,7 +296,9 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
     constexpr int THREADS = RowGroupShape<TPG, VPT, true>::threads, SLOTS = THREADS / TPG;
     extern __shared__ __align__(16) float rcp[];
     __shared__ u32 scratch[THREADS / 32];
-    Vec<Tin, VEC>* next = reinterpret_cast<Vec<Tin, VEC>*>(rcp + ((K + 3) & ~3)) + threadIdx.x;
+    const int KP = (K + 3) & ~3;
+    float* col = rcp + KP;  // smooth
+    Vec<Tin, VEC>* next = reinterpret_cast<Vec<Tin, VEC>*>(rcp + 2 * KP) + threadIdx.x;
     const u32 next_addr = smem_addr(next);
     const int lane = threadIdx.x % TPG, slot = threadIdx.x / TPG;
     const i64 stride = (i64)gridDim.x * SLOTS;
@@ -289,7 +319,9 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
     for (int k = threadIdx.x; k < K; k += THREADS) {
         const float b = smooth[k];
         const u32 mag = f2u(b) & 0x7fffffffu;
-        rcp[k] = mag >= SMOOTH_LO && mag <= SMOOTH_HI ? rcp_rn(b) : u2f(0x7fffffffu);
+        const int at = column_slot<VEC>(k, K);
+        rcp[at] = mag >= SMOOTH_LO && mag <= SMOOTH_HI ? rcp_rn(b) : u2f(0x7fffffffu);
+        col[at] = b;
     }
     __syncthreads();
 
@@ -312,16 +344,27 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
         for (int j = 0; j < VPT; ++j) {
             const int e = (lane + j * TPG) * VEC;
             if (e < len) {
-                val[j] = smooth_vec_fast<Tin, VEC>(raw[j], load_vec<float, VEC>(smooth + e).v,
-                                                   reinterpret_cast<const Vec<float, VEC>*>(rcp + e)->v);
+                val[j] = smooth_vec_fast<Tin, VEC>(raw[j], load_columns<VEC>(col, e, K).v,
+                                                   load_columns<VEC>(rcp, e, K).v);
                 acc.add(val[j]);
                 any = or_bits<Tin, VEC>(any, raw[j]);
             }
         }
-        u32 amax = group_max<TPG>(acc.bits(), scratch);
-        const bool exact = amax <= SMOOTH_AMAX_HI &&
-                           (amax >= SMOOTH_AMAX_LO || (any & MagnitudeMask<Tin>::value) == 0);
-        if (__syncthreads_or(!exact)) {  // rare: the whole block divides again
+        // A thread holding a nonzero x counts at least 1 (a subnormal) towards the maximum:
+        // a nonzero row whose quotients all came out 0 is then a tiny row, not a zero one.
+        u32 amax = group_max<TPG>(umax(acc.bits(), (any & MagnitudeMask<Tin>::value) != 0), scratch);
+        const bool redo = !(amax <= SMOOTH_AMAX_HI && (amax >= SMOOTH_AMAX_LO || amax == 0));
+        // The decision is the team's; it must be the block's where teams share barriers
+        // (the reduction below), and the warp's where they share shuffles.
+        bool again_all;
+        if constexpr (TPG >= THREADS) {
+            again_all = redo;
+        } else if constexpr (TPG <= 32) {
+            again_all = __any_sync(0xffffffffu, redo);
+        } else {
+            again_all = __syncthreads_or(redo);
+        }
+        if (again_all) {  // rare: divide again by div.rn
             AbsMax<float> again;
 #pragma unroll
             for (int j = 0; j < VPT; ++j) {

@@ -164,9 +164,9 @@ def row_threads(tpg: int) -> int:
 
 
 def smooth_shared_bytes(k: int, threads: int, geom) -> int:
-    """Shared memory of smooth_quant_rows: K reciprocals, then a 16-byte slot per thread
-    and vector for the next row."""
-    return -(-k // 4) * 16 + threads * geom[1] * 16
+    """Shared memory of smooth_quant_rows: K reciprocals and K factors, then a 16-byte
+    slot per thread and vector for the next row."""
+    return 2 * -(-k // 4) * 16 + threads * geom[1] * 16
 
 
 def _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device):
