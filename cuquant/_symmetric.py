@@ -163,6 +163,13 @@ def row_threads(tpg: int) -> int:
     return tpg if tpg >= 256 or 256 % tpg else 256
 
 
+# SmoothQuant problems smaller than this take the general row kernel. Each block of
+# smooth_quant_rows first builds its tables of smooth and 1 / smooth, which costs a small call
+# more than it saves: on an H200, 15.8 us against 7.2 at 128 x 7168 bf16, 116 us against 152
+# at 16384 x 7168 (benchmarks/NOTES.md); the two points put the crossing near 2**25 elements.
+SMOOTH_ROWS_MIN_ELEMENTS = 1 << 25
+
+
 def smooth_shared_bytes(k: int, threads: int, geom) -> int:
     """Shared memory of smooth_quant_rows: K reciprocals and K factors, then a 16-byte
     slot per thread and vector for the next row."""
@@ -171,9 +178,9 @@ def smooth_shared_bytes(k: int, threads: int, geom) -> int:
 
 def _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device):
     """SmoothQuant rows held on chip (smooth_quant_rows): a persistent grid, each block
-    keeping 1 / smooth in shared memory for all the rows it takes. Rows that are not
-    16-byte vectors, too long to hold, or whose reciprocals do not fit take the general
-    row kernel."""
+    keeping smooth and 1 / smooth in shared memory for all the rows it takes. Small
+    problems, rows that are not 16-byte vectors, rows too long to hold and rows whose tables
+    do not fit take the general row kernel."""
     outputs = _gpu.Outputs(((rows, k), _I8), ((rows,), _F32))
     grid = min(-(-rows // (threads // geom[0])), 1 << 20) if k else 0
     plan = Plan(smooth_expr(t, vec, geom), device, 7, grid, threads, outputs,
@@ -188,7 +195,8 @@ def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bi
     vec = 16 // t.numpy.itemsize if aligned and k % (16 // t.numpy.itemsize) == 0 else 1
     gpr = -(-k // group)
     nvec = -(-min(group, k) // vec)
-    if smooth and vec > 1 and rows and geometry(nvec, exact_teams=False)[1]:
+    if (smooth and vec > 1 and rows * k >= max(SMOOTH_ROWS_MIN_ELEMENTS, 1)
+            and geometry(nvec, exact_teams=False)[1]):
         geom = geometry(nvec, exact_teams=False)
         threads = row_threads(geom[0])
         smem = smooth_shared_bytes(k, threads, geom)

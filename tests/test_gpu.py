@@ -87,8 +87,22 @@ def _row_lengths(exact_teams: bool) -> list[int]:
     return sorted({8 * n for lo, hi in ends.values() for n in (lo, hi)})
 
 
+@pytest.fixture
+def smooth_rows_kernel(monkeypatch):
+    """SmoothQuant through smooth_quant_rows at every size (it is taken from 2**25
+    elements on; smaller problems take the general row kernel)."""
+    from cuquant import _symmetric
+
+    monkeypatch.setattr(_symmetric, "SMOOTH_ROWS_MIN_ELEMENTS", 0)
+    _symmetric._plans.clear()
+    yield
+    _symmetric._plans.clear()
+
+
 @pytest.mark.parametrize("name", ["quantize_int8_per_channel", "quantize_fp8_per_row", "smooth_quant"])
-def test_every_row_geometry(name, rng):
+def test_every_row_geometry(name, rng, request):
+    if name == "smooth_quant":
+        request.getfixturevalue("smooth_rows_kernel")
     fn = getattr(cq, name)
     lengths = _row_lengths(exact_teams=name != "smooth_quant")
     if name == "smooth_quant":  # rows of 8n - 1 elements take the general row kernel
@@ -366,7 +380,7 @@ def _smooth_rows(rng, rows: int, smooth: np.ndarray, dtype: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_smooth_quant_rows(dtype, rng):
+def test_smooth_quant_rows(dtype, rng, smooth_rows_kernel):
     """Every kind of row (_smooth_rows) in one launch, blocks of one and of many rows, with
     factors in the fast path's range and with one outside it (0, inf, NaN, subnormal,
     2**-33, 2**33), against the NumPy backend."""
@@ -382,7 +396,7 @@ def test_smooth_quant_rows(dtype, rng):
             _compare(None, host, dev, f"smooth_quant K={k} {dtype}")
 
 
-def test_smooth_quant_quotients(rng):
+def test_smooth_quant_quotients(rng, smooth_rows_kernel):
     """One nonzero element a row, so its quotient x / smooth is the row's amax, which the
     scale shows: quotients log-uniform over [2**-30, 2**110] (both ends of the fast path
     and past them), factors over [2**-32, 2**32], float32 dividends of full precision."""
