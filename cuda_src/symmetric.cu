@@ -4,6 +4,7 @@
 // vector width VEC (16 bytes of input per access, or 1 where rows are not 16-byte aligned):
 //   quantize_row_groups  groups of G contiguous elements of each row (per channel, per row,
 //                        per block, per token group, SmoothQuant)
+//   smooth_quant_rows    SmoothQuant rows with smooth and 1 / smooth in shared memory
 //   quantize_tensor      one scale for the whole tensor, one launch: amax, grid handshake,
 //                        then quantize, keeping the first CACHE vectors per thread on chip
 //   quantize_static      a given scale
