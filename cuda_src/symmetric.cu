@@ -105,6 +105,21 @@ load_group_vec(const Tin* x, const float* smooth) {
     }
 }
 
+// Codes of the vectors a thread holds of a group (its share of [0, len), TPG threads a
+// group) against the group's divisor plan, on the division path `path` picks.
+template <typename Tv, typename Code, int RULE, int VEC, int TPG, int NV>
+__device__ __forceinline__ void store_held_codes(typename Code::T* qg, const Vec<Tv, VEC> (&val)[NV],
+                                                 int len, int lane, const DivPlan& plan, int path) {
+    on_path(path, [&](auto tag) {
+        constexpr int P = decltype(tag)::value, CORR = FastCorrections<Tv, RULE>::value;
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const int e = (lane + j * TPG) * VEC;
+            if (e < len) store_code_vec<Code, VEC>(qg + e, quantize_vec_on<P, CORR, Tv, Code, VEC>(val[j], plan));
+        }
+    });
+}
+
 // Threads of a row-group block and the blocks per multiprocessor the compiler must fit.
 // Teams that divide 256 threads share a block of 256; a team of any other multiple of 32
 // (a row of 7168 bf16 takes 7 warps of four vectors) is a block of its own, so no warp
@@ -200,22 +215,17 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
             }
         }
         const DivPlan plan = plan_division(s);
-        on_path(div_path<RULE>(plan, amax, eps_bits), [&](auto path) {
-            constexpr int P = decltype(path)::value, CORR = FastCorrections<Tv, RULE>::value;
-            if constexpr (VPT > 0) {
-                const int hlen = (int)len;
-#pragma unroll
-                for (int j = 0; j < NV; ++j) {
-                    const int e = (lane + j * TPG) * VEC;
-                    if (e < hlen)
-                        store_code_vec<Code, VEC>(qg + e, quantize_vec_on<P, CORR, Tv, Code, VEC>(val[j], plan));
-                }
-            } else {
+        const int path = div_path<RULE>(plan, amax, eps_bits);
+        if constexpr (VPT > 0) {
+            store_held_codes<Tv, Code, RULE, VEC, TPG, NV>(qg, val, (int)len, lane, plan, path);
+        } else {
+            on_path(path, [&](auto tag) {
+                constexpr int P = decltype(tag)::value, CORR = FastCorrections<Tv, RULE>::value;
                 for_each_streamed<4, TPG, VEC>(len, lane, stream_load, [&](const Vec<Tv, VEC>& v, i64 e) {
                     store_code_vec<Code, VEC>(qg + e, quantize_vec_on<P, CORR, Tv, Code, VEC>(v, plan));
                 });
-            }
-        });
+            });
+        }
     }
 }
 
@@ -381,16 +391,8 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
         const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
         if (len > 0 && lane == 0) scale[r] = s;
         const DivPlan plan = plan_division(s);
-        i8* qr = q + r * K;
-        on_path(div_path<ZERO_IS_ONE>(plan, amax, 0u), [&](auto path) {
-            constexpr int P = decltype(path)::value;
-#pragma unroll
-            for (int j = 0; j < VPT; ++j) {
-                const int e = (lane + j * TPG) * VEC;
-                if (e < len)
-                    store_code_vec<CodeInt8, VEC>(qr + e, quantize_vec_on<P, 2, float, CodeInt8, VEC>(val[j], plan));
-            }
-        });
+        store_held_codes<float, CodeInt8, ZERO_IS_ONE, VEC, TPG, VPT>(q + r * K, val, len, lane, plan,
+                                                                     div_path<ZERO_IS_ONE>(plan, amax, 0u));
     }
     cp_async_wait_all();
 }
