@@ -84,12 +84,6 @@ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
     asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
     return r;
 }
-// c - a * b (the negation folds into the FMA; a C++ minus would be a flushing instruction).
-__device__ __forceinline__ float fnma_rn(float a, float b, float c) {
-    float r;
-    asm("{ .reg .f32 t; neg.f32 t, %1; fma.rn.f32 %0, t, %2, %3; }" : "=f"(r) : "f"(a), "f"(b), "f"(c));
-    return r;
-}
 __device__ __forceinline__ float div_rn(float a, float b) {
     float r;
     asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
@@ -143,33 +137,29 @@ __device__ __forceinline__ DivPlan plan_division(float b) {
     return p;
 }
 
-// s / b for a prepared (not exact) plan and s already prescaled, |s| <= 2**9 |b|, with
-// CORR Newton corrections. Two are always exact. One is exact when s is a 16-bit float
-// (bf16 or fp16, at most 11 significant bits) and b = RN(amax * f32(1/127)) or
-// RN(amax * f32(1/448)) for a 16-bit amax >= |s|: checked exhaustively over every pair of
-// significands and every exponent gap that can change a code (tests/test_division.py).
-// None is needed when b is a power of two (s * RN(1/b) is then the exact quotient). The
-// sign of a zero or underflowing quotient may come out wrong; callers that care fix it.
-template <int CORR = 2>
-__device__ __forceinline__ float divide_fast(float s, const DivPlan& p) {
-    float q = mul_rn(s, p.y);
+// a / b from y = RN(1/b) and nb = -b with CORR Newton corrections: q = RN(a * y), then
+// q = fma(fma(q, nb, a), y, q) per correction. Correctly rounded while the remainders are
+// exact and the quotients normal, which holds for normal y, |a| >= 2**-100 and
+// 2**-125 <= |a / b| <= 2**100. Two corrections are exact for any such a (Markstein). One
+// is exact for a 16-bit a (bf16 or fp16, at most 11 significant bits) and any b, checked
+// over every pair of significands (tests/test_gpu.py,
+// test_division_by_reciprocal_every_16_bit_dividend). The sign of a zero or underflowing
+// quotient may come out wrong; callers that care fix it.
+template <int CORR>
+__device__ __forceinline__ float divide_by_reciprocal(float a, float nb, float y) {
+    float q = mul_rn(a, y);
 #pragma unroll
-    for (int i = 0; i < CORR; ++i) q = fma_rn(fma_rn(q, p.nb, s), p.y, q);
+    for (int i = 0; i < CORR; ++i) q = fma_rn(fma_rn(q, nb, a), y, q);
     return q;
 }
 
-// a / b from y = RN(1/b) with CORR Newton corrections, for SmoothQuant's per-column
-// divisors: correctly rounded while the remainders are exact and the quotients normal,
-// which holds for normal y, |a| >= 2**-100 and 2**-125 <= |a / b| <= 2**100. Two
-// corrections are exact for any a (Markstein); one is exact for a 16-bit a (at most 11
-// significant bits) and any b, checked over every pair of significands
-// (tests/test_gpu.py, test_division_by_reciprocal_every_16_bit_dividend).
-template <int CORR>
-__device__ __forceinline__ float divide_by_reciprocal(float a, float b, float y) {
-    float q = mul_rn(a, y);
-#pragma unroll
-    for (int i = 0; i < CORR; ++i) q = fma_rn(fnma_rn(q, b, a), y, q);
-    return q;
+// s / b for a prepared (not exact) plan and s already prescaled, |s| <= 2**9 |b| (which
+// keeps it in the range above). One correction is also exact for any 16-bit s against
+// b = RN(amax * f32(1/127)) or RN(amax * f32(1/448)) (tests/test_division.py), and none
+// is needed when b is a power of two (s * RN(1/b) is then the exact quotient).
+template <int CORR = 2>
+__device__ __forceinline__ float divide_fast(float s, const DivPlan& p) {
+    return divide_by_reciprocal<CORR>(s, p.nb, p.y);
 }
 
 // a / b correctly rounded, for |a| <= 2**9 |b| or any a when p.exact.

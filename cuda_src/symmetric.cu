@@ -232,7 +232,7 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 // ---------------------------------------------------------------------------------------
 // SmoothQuant rows held on chip (INT8): xs = x / smooth, then one scale per row.
 //
-// A persistent grid. Each block first puts smooth[k] and y[k] = RN(1 / smooth[k]) in shared
+// A persistent grid. Each block first puts -smooth[k] and y[k] = RN(1 / smooth[k]) in shared
 // memory (y NaN where |smooth[k]| is outside [2**-32, 2**32]), so that x / smooth costs a
 // multiply and one Newton correction (two for float32 x), without the reciprocal, range
 // check and branch of a div.rn (divide_by_reciprocal: exact while |x| >= 2**-100 and
@@ -248,14 +248,14 @@ constexpr u32 SMOOTH_LO = 0x2f800000u, SMOOTH_HI = 0x4f800000u;      // 2**-32, 
 constexpr u32 SMOOTH_AMAX_LO = 0x35800000u, SMOOTH_AMAX_HI = 0x71000000u;  // 2**-20, 2**99
 
 template <typename Tin, int VEC>
-__device__ __forceinline__ Vec<float, VEC> smooth_vec_fast(const Vec<Tin, VEC>& x, const float* b,
+__device__ __forceinline__ Vec<float, VEC> smooth_vec_fast(const Vec<Tin, VEC>& x, const float* nb,
                                                            const float* y) {
     constexpr int CORR = sizeof(Tin) == 2 ? 1 : 2;
     Vec<float, VEC> r;
     float a[VEC];
     unpack(x, a);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) r.v[i] = divide_by_reciprocal<CORR>(a[i], b[i], y[i]);
+    for (int i = 0; i < VEC; ++i) r.v[i] = divide_by_reciprocal<CORR>(a[i], nb[i], y[i]);
     return r;
 }
 
@@ -295,7 +295,7 @@ __device__ __forceinline__ Vec<float, VEC> load_columns(const float* base, int e
     return r;
 }
 
-// Shared memory: the reciprocals and smooth itself (K floats each, column_slot order, each
+// Shared memory: the reciprocals and -smooth (K floats each, column_slot order, each
 // rounded up to 16 bytes), then one 16-byte slot per thread and vector for the next row,
 // copied in the background while this one is worked on.
 template <typename Tin, int VEC, int TPG, int VPT>
@@ -308,7 +308,7 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
     extern __shared__ __align__(16) float rcp[];
     __shared__ u32 scratch[THREADS / 32];
     const int KP = (K + 3) & ~3;
-    float* col = rcp + KP;  // smooth
+    float* col = rcp + KP;  // -smooth
     Vec<Tin, VEC>* next = reinterpret_cast<Vec<Tin, VEC>*>(rcp + 2 * KP) + threadIdx.x;
     const u32 next_addr = smem_addr(next);
     const int lane = threadIdx.x % TPG, slot = threadIdx.x / TPG;
@@ -332,7 +332,7 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
         const u32 mag = f2u(b) & 0x7fffffffu;
         const int at = column_slot<VEC>(k, K);
         rcp[at] = mag >= SMOOTH_LO && mag <= SMOOTH_HI ? rcp_rn(b) : u2f(0x7fffffffu);
-        col[at] = b;
+        col[at] = u2f(f2u(b) ^ 0x80000000u);
     }
     __syncthreads();
 
