@@ -19,6 +19,11 @@ class FloatType:
     cxx: str  # the kernels' storage type
     nan_bits: int  # the canonical NaN the GPU produces, as unsigned bits
 
+    @property
+    def vector_width(self) -> int:
+        """Elements in one 16-byte access, the kernels' vector."""
+        return 16 // self.numpy.itemsize
+
 
 @dataclass(frozen=True)
 class CodeType:

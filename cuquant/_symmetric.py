@@ -67,11 +67,6 @@ ROW_GROUP_KINDS = (
 )
 
 
-def vector_width(t: FloatType) -> int:
-    """Elements of t in one 16-byte access."""
-    return 16 // t.numpy.itemsize
-
-
 def _b(v: bool) -> str:
     return "true" if v else "false"
 
@@ -113,7 +108,7 @@ def dequant_expr(code: CodeType, out: FloatType, vec: int, mode: int) -> str:
 def specializations():
     """Every (source, name expression) this module can launch."""
     for t in FLOATS.values():
-        for vec in (vector_width(t), 1):
+        for vec in (t.vector_width, 1):
             for code, rule, smooth in ROW_GROUP_KINDS:
                 for geom in geometries(exact_teams=not smooth):
                     yield SRC, row_groups_expr(t, code, rule, vec, geom, smooth)
@@ -127,7 +122,7 @@ def specializations():
             yield SRC, tiles_expr(t, E4M3, vec)
     for code, out, mode in itertools.product((INT8, E4M3), FLOATS.values(),
                                              (PER_TENSOR, PER_ROW, PER_GROUP, PER_TILE)):
-        for vec in (16 // out.numpy.itemsize, 1):
+        for vec in (out.vector_width, 1):
             yield SRC, dequant_expr(code, out, vec, mode)
 
 
@@ -171,39 +166,35 @@ SMOOTH_ROWS_MIN_ELEMENTS = 1 << 25
 
 
 def smooth_shared_bytes(k: int, threads: int, geom) -> int:
-    """Shared memory of smooth_quant_rows: K reciprocals and K factors, then a 16-byte
+    """Shared memory of smooth_quant_rows: K reciprocals and K negated factors, then a 16-byte
     slot per thread and vector for the next row."""
     return 2 * -(-k // 4) * 16 + threads * geom[1] * 16
 
 
 def _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device):
     """SmoothQuant rows held on chip (smooth_quant_rows): a persistent grid, each block
-    keeping smooth and 1 / smooth in shared memory for all the rows it takes. Small
+    keeping -smooth and 1 / smooth in shared memory for all the rows it takes. Small
     problems, rows that are not 16-byte vectors, rows too long to hold and rows whose tables
     do not fit take the general row kernel."""
     outputs = _gpu.Outputs(((rows, k), _I8), ((rows,), _F32))
-    grid = min(-(-rows // (threads // geom[0])), 1 << 20) if k else 0
-    plan = Plan(smooth_expr(t, vec, geom), device, 7, grid, threads, outputs,
+    plan = Plan(smooth_expr(t, vec, geom), device, 7, 1, threads, outputs,
                 (rows, k, code.inv_qmax_bits), smem=smem)
-    if grid:
-        plan.grid = min(grid, _gpu.resident_blocks(plan.launch.fn, device, threads, smem))
+    plan.grid = min(_gpu.blocks_for(rows, threads // geom[0]),
+                    _gpu.resident_blocks(plan.launch.fn, device, threads, smem))
     return _gpu.remember(_plans, key, plan)
 
 
 def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bits, layout,
                      q_shape, scale_shape, device):
-    vec = 16 // t.numpy.itemsize if aligned and k % (16 // t.numpy.itemsize) == 0 else 1
+    vec = t.vector_width if aligned and k % t.vector_width == 0 else 1
     gpr = -(-k // group)
     nvec = -(-min(group, k) // vec)
-    if (smooth and vec > 1 and rows * k >= max(SMOOTH_ROWS_MIN_ELEMENTS, 1)
-            and geometry(nvec, exact_teams=False)[1]):
-        geom = geometry(nvec, exact_teams=False)
-        threads = row_threads(geom[0])
+    geom = geometry(nvec, exact_teams=not smooth)
+    threads = row_threads(geom[0])
+    if smooth and vec > 1 and geom[1] and rows * k >= max(SMOOTH_ROWS_MIN_ELEMENTS, 1):
         smem = smooth_shared_bytes(k, threads, geom)
         if smem <= _gpu.props(device)["smem_optin"]:
             return _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device)
-    geom = geometry(nvec, exact_teams=not smooth)
-    threads = row_threads(geom[0])
     magic, shift = _gpu.fastdiv(gpr)
     q_shape = q_shape if q_shape is not None else (rows, k)
     if layout == "column":
@@ -251,7 +242,7 @@ def quantize_tensor(stream, x, t: FloatType, code: CodeType):
     key = ("tensor", t.name, code.name, x.shape, xp % 16 == 0, device)
     plan = _plans.get(key)
     if plan is None:
-        vec = 16 // t.numpy.itemsize if xp % 16 == 0 else 1
+        vec = t.vector_width if xp % 16 == 0 else 1
         n, expr, grid = x.size, tensor_expr(t, code, vec), 0
         if n:  # a co-resident grid (the kernel's grid-wide handshake needs one)
             fn = _kernels.function(SRC, expr, device)
@@ -276,7 +267,7 @@ def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, s
     key = ("static", t.name, code.name, x.shape, xp % 16 == 0, given, device)
     plan = _plans.get(key)
     if plan is None:
-        vec = 16 // t.numpy.itemsize if xp % 16 == 0 else 1
+        vec = t.vector_width if xp % 16 == 0 else 1
         n = x.size
         specs = ((x.shape, _code_dtype(code)),) + (() if given else (((1,), _F32),))
         grid = min(-(-(n // vec + 1) // 1024), 1 << 20) if n else 0
@@ -305,7 +296,7 @@ def quantize_tiles(stream, w, t: FloatType, code: CodeType):
     if plan is None:
         n, k = w.shape
         tn, tk = -(-n // 128), -(-k // 128)
-        vec = 16 // t.numpy.itemsize
+        vec = t.vector_width
         if k % vec or wp % 16:
             vec = 1
         grid = min(tn * tk, 1 << 20) if n and k else 0
@@ -331,7 +322,7 @@ def dequantize(stream, q, rows: int, k: int, scale, code: CodeType, out: FloatTy
     plan = _plans.get(key)
     if plan is None:
         srs, scs = (1, 0) if strides is None else (strides[0] // 4, strides[-1] // 4)
-        vec = 16 // out.numpy.itemsize
+        vec = out.vector_width
         if k % vec or qp % vec:
             vec = 1
         kv = k // vec

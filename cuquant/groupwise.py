@@ -113,11 +113,6 @@ def fast_geometries(big: bool = True):
     return [g for g in FAST_GEOMETRIES if big or g[0] != 1024]
 
 
-def fast_vec(t: FloatType) -> int:
-    """Elements of a fast-path unit: 16 bytes of t."""
-    return 16 // t.numpy.itemsize
-
-
 def general_vec(bits: int) -> int:
     """Elements of a general-path unit: one byte of codes."""
     return 2 if bits == 4 else 1
@@ -165,7 +160,7 @@ def quant_staged_expr(fmt: str, t: FloatType, geom) -> str:
 def quant_specializations(src: str, fmt_of_bits, types, big: bool = True):
     for t, bits in itertools.product(types, BITS):
         for geom in fast_geometries(big):
-            yield src, quant_expr(fmt_of_bits(bits), t, fast_vec(t), geom)
+            yield src, quant_expr(fmt_of_bits(bits), t, t.vector_width, geom)
         for geom in GENERAL_GEOMETRIES:
             yield src, quant_expr(fmt_of_bits(bits), t, general_vec(bits), geom)
         for geom in STAGED_GEOMETRIES:
@@ -192,7 +187,7 @@ def specializations():
     """Every (source, name expression) this module can launch."""
     yield from quant_specializations(SRC, _ds_format, FLOATS.values())
     for bits, sym, out in itertools.product(BITS, (False, True), FLOATS.values()):
-        for vec in (fast_vec(out), general_vec(bits)):
+        for vec in (out.vector_width, general_vec(bits)):
             yield SRC, dequant_expr(_ds_codes(bits, sym), out, vec, DQ_UNROLL)
     for out in FLOATS.values():
         yield SRC, batched_expr(out)
@@ -245,7 +240,7 @@ def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g
 def _problem_plan(src, fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool, big: bool,
                   device: int):
     """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
-    vec = fast_vec(t)
+    vec = t.vector_width
     fast = g % vec == 0 and aligned
     if fast and _staged(n * t.numpy.itemsize, t, g, device):
         launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(src, fmt, t, g, device)
@@ -264,7 +259,7 @@ def _problem_plan(src, fmt, t: FloatType, bits: int, n: int, g: int, aligned: bo
 
 
 def _staged(nbytes: int, t: FloatType, g: int, device: int) -> bool:
-    units = g // fast_vec(t)
+    units = g // t.vector_width
     return (nbytes >= STAGED["min_bytes"] and g * t.numpy.itemsize <= STAGED["stage_bytes"]
             and units <= STAGED_MAX_UNITS and staged_device(device))
 
@@ -273,7 +268,7 @@ def _quant_staged_plan(src, fmt, t, g, device):
     key = ("quant-staged", src, fmt, t.name, g, device)
     plan = _plans.get(key)
     if plan is None:
-        geom = staged_geometry(g // fast_vec(t), STAGED["hold"])
+        geom = staged_geometry(g // t.vector_width, STAGED["hold"])
         fn = _kernels.function(src, quant_staged_expr(fmt, t, geom), device)
         stage_bytes = STAGED["stage_bytes"]
         stages = max(1, min(8, STAGED["smem_per_block"] // stage_bytes))
@@ -294,7 +289,7 @@ def dequant_plan(n: int, g: int, bits: int, out: FloatType, q, *params):
     """(vec, units, divisor) of a dequantization: the fast path (16 bytes of output a unit)
     wants g a multiple of the unit, codes aligned to their bytes of a unit and 8-byte
     aligned parameters."""
-    vec = fast_vec(out)
+    vec = out.vector_width
     if (g % vec == 0 and q.data.ptr % (vec * bits // 8) == 0
             and all(p.data.ptr % 8 == 0 for p in params)):
         return vec, n // vec, g // vec

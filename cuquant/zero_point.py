@@ -32,7 +32,7 @@ from ._dtypes import FLOATS, HALVES, UINT4, UINT8, FloatType
 from ._numpy.groupwise import unpacked_shape
 from ._numpy.zero_point import random_bits
 from ._op import HOST, contiguous, host_results, intake, out_dtype, run_gpu, same_place, stream_of, v
-from .groupwise import (BITS, check_bits, check_group_size, dequant_expr, fast_vec, general_vec,
+from .groupwise import (BITS, check_bits, check_group_size, dequant_expr, general_vec,
                         launch_dequantize, launch_quantize, quant_specializations)
 
 SRC = "zero_point.cu"
@@ -63,7 +63,7 @@ def specializations():
     """Every (source, name expression) this module can launch."""
     yield from quant_specializations(SRC, _zp_format, HALVES.values(), big=False)
     for bits, ts, out in itertools.product(BITS, HALVES.values(), FLOATS.values()):
-        for vec in (fast_vec(out), general_vec(bits)):
+        for vec in (out.vector_width, general_vec(bits)):
             yield SRC, dequant_expr(_zp_codes(bits, ts), out, vec, DQ_UNROLL)
 
 

@@ -272,7 +272,7 @@ def test_launchable_specializations_are_enumerated():
                                                                   ("float16", "bfloat16"))):
             if t.name not in types:
                 continue
-            vec = gw.fast_vec(t)
+            vec = t.vector_width
             if g % vec == 0:
                 geom = gw.geometry(g // vec, True, big)
                 assert gw.quant_expr(f"{fmt}<{bits}>", t, vec, geom) in listed, (fmt, t, bits, g)
@@ -286,7 +286,7 @@ def test_launchable_specializations_are_enumerated():
             geom = gw.geometry(length // vec, False, big)
             assert gw.quant_expr(f"{fmt}<{bits}>", t, vec, geom) in listed, (fmt, t, bits, g)
     for bits, out in itertools.product(gw.BITS, FLOATS.values()):
-        for vec in (gw.fast_vec(out), gw.general_vec(bits)):
+        for vec in (out.vector_width, gw.general_vec(bits)):
             for sym in (False, True):
                 assert gw.dequant_expr(gw._ds_codes(bits, sym), out, vec, gw.DQ_UNROLL) in listed
             for ts in ("float16", "bfloat16"):

@@ -260,7 +260,7 @@ def test_smooth_rows_kernel_is_listed_and_fits():
 
     listed = {e for _, e in _symmetric.specializations()}
     for t in FLOATS.values():
-        vec = _symmetric.vector_width(t)
+        vec = t.vector_width
         for nvec in range(1, 4097):
             geom = _symmetric.geometry(nvec, exact_teams=False)
             assert _symmetric.smooth_expr(t, vec, geom) in listed, (t.name, nvec)
