@@ -295,6 +295,43 @@ __device__ __forceinline__ Vec<float, VEC> load_columns(const float* base, int e
     return r;
 }
 
+// The tables of smooth_quant_rows: rcp[at] = RN(1 / smooth[k]) (NaN where smooth[k] is out
+// of [2**-32, 2**32]) and col[at] = -smooth[k], at = column_slot(k). Read one float at a
+// time, smooth's latency made up most of a small call: 16-byte loads, four in flight a
+// thread, where smooth is 16-byte aligned (K % 4 == 0 here, and four consecutive columns
+// land in one 16-byte piece of each table). Not inlined, so that it leaves the register
+// allocation of the row loop alone (inlined, the kernel ran 4% slower at 16384 x 7168).
+template <int VEC, int THREADS>
+__device__ __noinline__ void smooth_tables(const float* __restrict__ smooth, float* rcp, float* col, int K) {
+    auto put = [&](int k, const Vec<float, 4>& b) {
+        Vec<float, 4> y, nb;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 mag = f2u(b.v[i]) & 0x7fffffffu;
+            y.v[i] = mag >= SMOOTH_LO && mag <= SMOOTH_HI ? rcp_rn(b.v[i]) : u2f(0x7fffffffu);
+            nb.v[i] = u2f(f2u(b.v[i]) ^ 0x80000000u);
+        }
+        const int at = column_slot<VEC>(k, K);
+        *reinterpret_cast<Vec<float, 4>*>(rcp + at) = y;
+        *reinterpret_cast<Vec<float, 4>*>(col + at) = nb;
+    };
+    if ((reinterpret_cast<u64>(smooth) & 15u) == 0) {
+        const int K4 = K >> 2;
+        for (int first = threadIdx.x; first < K4; first += 4 * THREADS) {
+            Vec<float, 4> b[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (first + u * THREADS < K4) b[u] = load_vec<float, 4>(smooth + 4 * (first + u * THREADS));
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (first + u * THREADS < K4) put(4 * (first + u * THREADS), b[u]);
+        }
+    } else {
+        for (int k = 4 * threadIdx.x; k < K; k += 4 * THREADS)
+            put(k, Vec<float, 4>{{smooth[k], smooth[k + 1], smooth[k + 2], smooth[k + 3]}});
+    }
+}
+
 // Shared memory: the reciprocals and -smooth (K floats each, column_slot order, each
 // rounded up to 16 bytes), then one 16-byte slot per thread and vector for the next row,
 // copied in the background while this one is worked on.
@@ -327,13 +364,7 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
     };
     prefetch((i64)blockIdx.x * SLOTS + slot);
 
-    for (int k = threadIdx.x; k < K; k += THREADS) {
-        const float b = smooth[k];
-        const u32 mag = f2u(b) & 0x7fffffffu;
-        const int at = column_slot<VEC>(k, K);
-        rcp[at] = mag >= SMOOTH_LO && mag <= SMOOTH_HI ? rcp_rn(b) : u2f(0x7fffffffu);
-        col[at] = u2f(f2u(b) ^ 0x80000000u);
-    }
+    smooth_tables<VEC, THREADS>(smooth, rcp, col, K);
     __syncthreads();
 
     for (i64 base = (i64)blockIdx.x * SLOTS; base < rows; base += stride) {
@@ -474,16 +505,57 @@ quantize_tensor(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 
 // ---------------------------------------------------------------------------------------
 // A given scale: *scale_ptr when scale_ptr is set, else scale_value (then also written to
-// scale_out[0]). Any dividend may meet any divisor here, so the division is div.rn. Each
-// block takes a contiguous chunk of UNROLL * 256 vectors at a time.
+// scale_out[0]). Any dividend may meet any divisor here, so the division is div.rn, except
+// for int8 vectors that int8_static_bound admits. Each block takes a contiguous chunk of
+// UNROLL * 256 vectors at a time.
+
+// For int8 and a divisor b with 2**-60 <= |b| < 2**126 (a plan neither exact nor
+// prescaled): the bits of the largest finite magnitude of Tin at most 2**100 |b| (both
+// roundings toward zero, so never above it). In a vector no larger, every x / b is finite
+// and within divide_by_reciprocal's range wherever its code can be nonzero (|x| >= |b| / 2
+// >= 2**-61), so the reciprocal and a clamp give the codes, without div.rn or a NaN test.
+template <typename Tin>
+__device__ __forceinline__ u32 int8_static_bound(float b) {
+    float m;
+    asm("mul.rz.f32 %0, %1, %2;" : "=f"(m) : "f"(u2f(f2u(b) & 0x7fffffffu)), "f"(0x1p100f));
+    if constexpr (IsSame<Tin, float>::value) {
+        return f2u(m);
+    } else if constexpr (IsSame<Tin, bfloat16>::value) {
+        return f2u(m) >> 16;
+    } else {
+        u16 h;
+        asm("cvt.rz.f16.f32 %0, %1;" : "=h"(h) : "f"(m));
+        return h;
+    }
+}
+
+// Whether every |x| of a vector is at most the magnitude with bits `bound` (NaN is not).
+template <typename Tin, int VEC>
+__device__ __forceinline__ bool within_bound(const Vec<Tin, VEC>& x, u32 bound) {
+    AbsMax<Tin> m;
+    m.add(x);
+    if constexpr (sizeof(Tin) == 2) {
+        const u32 both = bound * 0x10001u;
+        return max_u16x2(m.acc, both) == both;
+    } else {
+        return m.acc <= bound;
+    }
+}
+
 template <typename Tin, typename Code, int VEC>
 __global__ void __launch_bounds__(256)
 quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                 const float* __restrict__ scale_ptr, float scale_value,
                 float* __restrict__ scale_out, i64 n) {
     constexpr int THREADS = 256, UNROLL = 4, CHUNK = THREADS * UNROLL;
+    // One correction is exact for 16-bit dividends and any divisor (common.cuh).
+    constexpr int CORR = sizeof(Tin) == 2 ? 1 : 2;
+    constexpr bool INT8 = IsSame<Code, CodeInt8>::value && VEC > 1;
     const float b = scale_ptr ? *scale_ptr : scale_value;
     if (scale_out && blockIdx.x == 0 && threadIdx.x == 0) scale_out[0] = b;
+    const DivPlan plan = plan_division(b);
+    // 0: no vector takes the fast path. A bound is finite, so NaN never passes it.
+    const u32 bound = INT8 && !plan.exact && !plan.scaled ? int8_static_bound<Tin>(b) : 0u;
     const i64 nvec = n / VEC, tail = n - nvec * VEC;
     for (i64 c = (i64)blockIdx.x * CHUNK; c < nvec; c += (i64)gridDim.x * CHUNK) {
         Vec<Tin, VEC> tmp[UNROLL];
@@ -495,7 +567,17 @@ quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 #pragma unroll
         for (int k = 0; k < UNROLL; ++k) {
             const i64 v = c + k * THREADS + threadIdx.x;
-            if (v < nvec) store_code_vec<Code, VEC>(q + v * VEC, quantize_vec_div<Tin, Code, VEC>(tmp[k], b));
+            if (v >= nvec) continue;
+            if (INT8 && bound && within_bound(tmp[k], bound)) {
+                float a[VEC], r[VEC];
+                unpack(tmp[k], a);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i)
+                    r[i] = fclamp(divide_by_reciprocal<CORR>(a[i], plan.nb, plan.y), -127.0f, 127.0f);
+                store_code_vec<Code, VEC>(q + v * VEC, encode_fast<Code, VEC>(r, a));
+            } else {
+                store_code_vec<Code, VEC>(q + v * VEC, quantize_vec_div<Tin, Code, VEC>(tmp[k], b));
+            }
         }
     }
     if (blockIdx.x == 0 && threadIdx.x < tail) {

@@ -67,7 +67,8 @@ struct ZeroPoint {
         // divide() is exact while |x| <= 2**9 s; beyond, this group takes div.rn.
         const float amax = fmax_nan(fabs_bits(lo), fabs_bits(hi));
         if (!(f2u(amax) <= f2u(mul_rn(p.s, 512.0f)))) p.plan.exact = true;
-        p.careful = p.plan.exact || !finite(p.s);
+        // (s is 0 or at least 2**-25 here, so the plan never prescales; checked all the same.)
+        p.careful = p.plan.exact || p.plan.scaled || !finite(p.s);
         return p;
     }
 
@@ -111,13 +112,15 @@ struct ZeroPoint {
     // The stochastic variant, compiled apart.
     __device__ static __forceinline__ bool alternate(const QuantArgs& a) { return a.mode != ZP_NEAREST; }
 
-    // CAREFUL divides with div.rn (any x, any s) and maps NaN to code 0; otherwise the
-    // group's plan divides exactly without a branch.
+    // CAREFUL divides with div.rn (any x, any s) and maps NaN to code 0. Otherwise x and s
+    // are 16-bit values with |x| <= 2**9 s and s >= 2**-25, where the reciprocal and one
+    // correction give x / s exactly (common.cuh) wherever it can move a code or a stochastic
+    // comparison: |x / s| >= 2**-26, so |x| >= 2**-51. Below, the quotient keeps its sign
+    // and stays below 2**-25, which is all the results need. The sign of a zero quotient is never
+    // looked at: the clamp, the rounding and the comparison treat -0 as +0.
     template <bool CAREFUL, bool STOCH>
     __device__ static __forceinline__ u32 encode(float x, const Params& p, u32 rnd, float& d) {
-        DivPlan plan = p.plan;
-        plan.exact = CAREFUL;
-        const float v = divide(x, plan);
+        const float v = CAREFUL ? div_rn(x, p.s) : divide_by_reciprocal<1>(x, p.plan.nb, p.plan.y);
         if (CAREFUL && is_nan(v)) {
             d = mul_rn(sub_rn(0.0f, p.z), p.s);
             return 0u;

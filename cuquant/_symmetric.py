@@ -158,11 +158,13 @@ def row_threads(tpg: int) -> int:
     return tpg if tpg >= 256 or 256 % tpg else 256
 
 
-# SmoothQuant problems smaller than this take the general row kernel. Each block of
-# smooth_quant_rows first builds its tables of smooth and 1 / smooth, which costs a small call
-# more than it saves: on an H200, 15.8 us against 7.2 at 128 x 7168 bf16, 116 us against 152
-# at 16384 x 7168 (benchmarks/NOTES.md); the two points put the crossing near 2**25 elements.
-SMOOTH_ROWS_MIN_ELEMENTS = 1 << 25
+# SmoothQuant problems smaller than this take the general row kernel: each block of
+# smooth_quant_rows first builds its tables of smooth and 1 / smooth, which small calls do
+# not earn back. Measured on an H200 (bf16, benchmarks/NOTES.md), general against rows
+# kernel: 128 x 7168 7.4 / 8.4 us, 1024 x 7168 15.6 / 16.1, 2048 x 7168 24.7 / 21.3,
+# 128 x 14336 7.9 / 9.4, 1024 x 14336 32.6 / 21.8; at K = 4096 the rows kernel was ahead at
+# every size, by 0.3-0.9 us below this threshold.
+SMOOTH_ROWS_MIN_ELEMENTS = 1 << 23
 
 
 def smooth_shared_bytes(k: int, threads: int, geom) -> int:

@@ -223,6 +223,81 @@ def test_every_16_bit_quotient(fmt, rng):
         _compare(None, host, dev, f"{fn.__name__} {fmt}")
 
 
+def _static_scales(rng) -> list[float]:
+    """float32 scales of every exponent with random significands, both edges of the
+    reciprocal path (2**-60 and 2**126), and the scales only a device array can carry."""
+    e = np.arange(-149, 128)
+    sig = rng.uniform(1.0, 2.0, e.size)
+    picked = [np.float32(np.ldexp(s, int(k))) for s, k in zip(sig, e)]
+    edges = [2.0 ** -60, np.nextafter(np.float32(2.0 ** -60), np.float32(0)), 2.0 ** -61,
+             2.0 ** 126, np.nextafter(np.float32(2.0 ** 126), np.float32(0)), 1.0,
+             np.nextafter(np.float32(1.0), np.float32(2)), -0.0123, -2.0 ** -60, 0.0, -0.0,
+             np.inf, -np.inf, np.nan, np.finfo(np.float32).smallest_subnormal]
+    return [np.float32(v) for v in picked + edges]
+
+
+def _largest_at_most(limit: float, t):
+    """The largest finite magnitude of type t at most `limit` (a float64), or None."""
+    info = ml_dtypes.finfo(t)
+    if limit >= float(info.max):
+        return t(info.max)
+    with np.errstate(over="ignore", under="ignore"):
+        v = np.float64(limit).astype(np.float32).astype(t)
+    if np.float64(v) > limit:
+        v = np.nextafter(v, t(0))
+    return v if v > 0 else None
+
+
+def _static_input(b, t, rng, shape=(32, 256)) -> np.ndarray:
+    """x of type t next to every quotient midpoint k + 1/2 of scale b, -2..2 steps away;
+    vectors with one element at or just above 127 |b|, 1000 |b|, and 2**100 |b| (the bound
+    of the reciprocal path); NaN, inf, zeros, subnormals and the largest finite value in
+    others."""
+    info = ml_dtypes.finfo(t)
+    steps = np.int16 if np.dtype(t).itemsize == 2 else np.int32
+    with np.errstate(over="ignore", invalid="ignore"):  # scales of every size
+        mid = (rng.integers(-127, 127, size=shape) + 0.5) * np.float64(abs(b))
+        x = mid.astype(np.float32).astype(t)
+        step = rng.integers(-2, 3, size=shape).astype(steps) * np.where(x < 0, -1, 1).astype(steps)
+        x = (x.view(steps) + step).view(t)
+    col = 1
+    for limit in (127.0, 1000.0, 2.0 ** 100):
+        top = _largest_at_most(limit * abs(np.float64(b)), t) if np.isfinite(b) else None
+        if top is not None:
+            with np.errstate(over="ignore"):  # above the largest finite value: inf
+                up = np.nextafter(top, t(np.inf))
+            x[0::4, col] = top
+            x[1::4, col + 2] = -top
+            x[2::4, col + 4] = up
+            x[3::4, col + 6] = -up
+        col += 32
+    x[3::8, 99] = np.nan
+    x[7::8, 101] = np.inf
+    x[5::8, 103] = info.smallest_subnormal
+    x[6::8, 105] = info.max
+    x[4::8, 107] = 0
+    x[4::8, 108] = -t(0)
+    return x
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16", "float32"])
+def test_int8_static_scale_every_path(fmt, rng):
+    """INT8 against a given scale b: 16-byte vectors whose |x| are all at most 2**100 |b|
+    (rounded toward zero) divide by the reciprocal of b and clamp, any other vector takes
+    div.rn. Both against the NumPy backend, for scales of every exponent and the scales
+    only a device array can carry (0, negative, inf, NaN)."""
+    import cupy as cp
+
+    from cuquant import _numpy
+
+    t = FLOATS[fmt].numpy.type
+    for b in _static_scales(rng):
+        x = _static_input(b, t, rng)
+        want = _numpy.quantize_int8_per_tensor(x, b)
+        got = cq.quantize_int8_per_tensor(cp.asarray(x), scale=cp.asarray([b], cp.float32))
+        _compare(None, want, got, f"int8 static {fmt} scale {float(b)!r}")
+
+
 def test_division_against_div_rn(rng):
     """The kernels' division by a group-shared divisor against IEEE division (div.rn.f32) on
     10**7 pairs with |a| <= 448 |b| (what a dynamic scale guarantees): random, next to

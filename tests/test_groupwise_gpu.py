@@ -181,6 +181,42 @@ def test_zero_point_matches_numpy(shape, g, dtype, rng):
                              f"{what} dequantize to {out}")
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_zero_point_near_rounding_boundaries(bits, dtype, rng):
+    """Quotients x / s next to every boundary a code can turn on: x at j + 1/2 steps of
+    its group's s, moved -2..2 units of its last place (nearest), and random words whose
+    top 24 bits sit at floor(frac(x / s) * 2**24) - 1 .. + 1 (stochastic), with tiny
+    negative quotients near -2**-25 (where 1 - |x / s| rounds either way). A quotient one
+    unit off in its last place changes some code here."""
+    t = DTYPES[dtype]
+    f32 = np.float32
+    m, g, qmax = 256, 128, (1 << bits) - 1
+    lo = (-rng.uniform(0.5, 2, m) * 10.0 ** rng.integers(-3, 3, m)).astype(t).astype(f32)
+    hi = (rng.uniform(0.5, 2, m) * 10.0 ** rng.integers(-3, 3, m)).astype(t).astype(f32)
+    s = (np.maximum(hi - lo, f32(1e-5)) / f32(qmax)).astype(f32).astype(t).astype(f32)
+    j = rng.integers(-qmax, qmax, (m, g)) + 0.5
+    x = (j * s[:, None].astype(np.float64)).astype(f32).astype(t)
+    x[::4, 2:6] = (-(2.0 ** -25) * s[::4, None]).astype(f32).astype(t)
+    bits16 = x.view(np.uint16)
+    top = int(np.array(ml_dtypes.finfo(t).max, t).view(np.uint16))
+    mag = np.clip((bits16 & 0x7FFF).astype(np.int32) + rng.integers(-2, 3, (m, g)), 0, top)
+    x = ((bits16 & 0x8000) | mag.astype(np.uint16)).view(t)
+    x = np.clip(x.astype(f32), lo[:, None], hi[:, None])
+    x[:, 0], x[:, 1] = lo, hi
+    x = x.astype(t)
+    v = x.astype(f32) / s[:, None]
+    frac = (v - np.floor(v)).astype(f32)
+    r24 = np.floor(frac * f32(1 << 24)).astype(np.int64) + rng.integers(-1, 2, (m, g))
+    rbits = ((np.clip(r24, 0, (1 << 24) - 1) << 8) | rng.integers(0, 256, (m, g))).astype(np.uint32)
+    for rounding, kw in (("nearest", {}), ("stochastic", {"rbits": rbits})):
+        got = cq.quantize_groupwise_zero_point(dev(x), bits, g, rounding,
+                                               **{k: dev(a) for k, a in kw.items()})
+        want = cq.quantize_groupwise_zero_point(x, bits, g, rounding, **kw)
+        for name, a, b in zip(("codes", "scales", "zeros", "dequant"), got, want):
+            assert_same_bits(a, b, f"{dtype} bits={bits} {rounding} {name}")
+
+
 def test_seed_gives_the_same_codes_on_cpu_and_gpu(rng):
     x = (rng.standard_normal((33, 1024)) * 2).astype(ml_dtypes.bfloat16)
     for bits in (4, 8):
