@@ -216,34 +216,38 @@ def _quant_plan(src, fmt, t, vec, geom, device):
 
 def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, q,
                     p0, p1=None, deq=None, rbits=None, mode: int = 0, seed: int = 0,
-                    big: bool = True) -> None:
+                    big: bool = True, hold: int = 0) -> None:
     """Run quantize_groups over the C-contiguous x (n elements, n % g == 0) into the
     allocated outputs. The fast path needs g to be a multiple of a 16-byte unit and 16-byte
     aligned x (and rbits); otherwise units are one byte of codes and a chunk is two groups
     when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on the
-    device at once. What a problem needs is worked out once (`_problem_plan`)."""
+    device at once. `hold`: units a thread of the staged kernel (0: STAGED["hold"]). What a
+    problem needs is worked out once (`_problem_plan`)."""
     n = x.size
     if n == 0:
         return
     xp = x.data.ptr
     rp = 0 if rbits is None else rbits.data.ptr
-    key = ("quant-problem", src, bits, t.name, n, g, (xp | rp) % 16 == 0, big, x.data.device_id)
+    key = ("quant-problem", src, bits, t.name, n, g, (xp | rp) % 16 == 0, big, hold,
+           x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         plan = _gpu.remember(_plans, key, _problem_plan(
-            src, fmt_of_bits(bits), t, bits, n, g, (xp | rp) % 16 == 0, big, x.data.device_id))
+            src, fmt_of_bits(bits), t, bits, n, g, (xp | rp) % 16 == 0, big,
+            hold or STAGED["hold"], x.data.device_id))
     launch, grid, threads, head, tail = plan
     launch(grid, threads, stream, (xp, q.data.ptr, p0.data.ptr, _ptr(p1), _ptr(deq), rp) + head
            + (mode, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF) + tail)
 
 
 def _problem_plan(src, fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool, big: bool,
-                  device: int):
+                  hold: int, device: int):
     """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
     vec = t.vector_width
     fast = g % vec == 0 and aligned
     if fast and _staged(n * t.numpy.itemsize, t, g, device):
-        launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(src, fmt, t, g, device)
+        launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(src, fmt, t, g, hold,
+                                                                        device)
         groups = n // g
         return (launch, min(-(-groups // gpc), resident), STAGED_THREADS, (groups, g),
                 (gpc, stages, stage_bytes))
@@ -264,11 +268,11 @@ def _staged(nbytes: int, t: FloatType, g: int, device: int) -> bool:
             and units <= STAGED_MAX_UNITS and staged_device(device))
 
 
-def _quant_staged_plan(src, fmt, t, g, device):
-    key = ("quant-staged", src, fmt, t.name, g, device)
+def _quant_staged_plan(src, fmt, t, g, hold, device):
+    key = ("quant-staged", src, fmt, t.name, g, hold, device)
     plan = _plans.get(key)
     if plan is None:
-        geom = staged_geometry(g // t.vector_width, STAGED["hold"])
+        geom = staged_geometry(g // t.vector_width, hold)
         fn = _kernels.function(src, quant_staged_expr(fmt, t, geom), device)
         stage_bytes = STAGED["stage_bytes"]
         stages = max(1, min(8, STAGED["smem_per_block"] // stage_bytes))
