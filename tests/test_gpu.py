@@ -89,7 +89,7 @@ def _row_lengths(exact_teams: bool) -> list[int]:
 
 @pytest.fixture
 def smooth_rows_kernel(monkeypatch):
-    """SmoothQuant through smooth_quant_rows at every size (it is taken from 2**25
+    """SmoothQuant through smooth_quant_rows at every size (it is taken from 2**23
     elements on; smaller problems take the general row kernel)."""
     from cuquant import _symmetric
 
