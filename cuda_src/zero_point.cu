@@ -116,8 +116,8 @@ struct ZeroPoint {
     // are 16-bit values with |x| <= 2**9 s and s >= 2**-25, where the reciprocal and one
     // correction give x / s exactly (common.cuh) wherever it can move a code or a stochastic
     // comparison: |x / s| >= 2**-26, so |x| >= 2**-51. Below, the quotient keeps its sign
-    // and stays below 2**-25, which is all the results need. The sign of a zero quotient is never
-    // looked at: the clamp, the rounding and the comparison treat -0 as +0.
+    // and stays below 2**-25, which is all the results need. The sign of a zero quotient is
+    // never looked at: the clamp, the rounding and the comparison treat -0 as +0.
     template <bool CAREFUL, bool STOCH>
     __device__ static __forceinline__ u32 encode(float x, const Params& p, u32 rnd, float& d) {
         const float v = CAREFUL ? div_rn(x, p.s) : divide_by_reciprocal<1>(x, p.plan.nb, p.plan.y);
