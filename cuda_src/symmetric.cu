@@ -28,14 +28,20 @@ __device__ __forceinline__ CodeVec<Code, VEC> quantize_vec_div(const Vec<Tin, VE
 }
 
 // A scale that came from the group's own maximum: |x / scale| <= 448 (1 + 2**-23). SCALED
-// prescales the dividends; CORR is the number of Newton corrections (common.cuh).
-template <typename Tin, typename Code, int VEC, bool SCALED, int CORR>
+// prescales the dividends; CORR is the number of Newton corrections (common.cuh). CLAMP
+// (int8 only) clamps the quotients to [-127, 127] first, for a given scale, where they may
+// be larger but are finite (quantize_static).
+template <typename Tin, typename Code, int VEC, bool SCALED, int CORR, bool CLAMP = false>
 __device__ __forceinline__ CodeVec<Code, VEC> quantize_vec_fast(const Vec<Tin, VEC>& x,
                                                                 const DivPlan& p) {
+    static_assert(!CLAMP || IsSame<Code, CodeInt8>::value, "fp8's conversion is its own clamp");
     float a[VEC], q[VEC];
     unpack(x, a);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) q[i] = divide_fast<CORR>(SCALED ? mul_rn(a[i], p.pre) : a[i], p);
+    for (int i = 0; i < VEC; ++i) {
+        q[i] = divide_fast<CORR>(SCALED ? mul_rn(a[i], p.pre) : a[i], p);
+        if (CLAMP) q[i] = fclamp(q[i], -127.0f, 127.0f);
+    }
     return encode_fast<Code, VEC>(q, a);
 }
 
@@ -569,12 +575,8 @@ quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
             const i64 v = c + k * THREADS + threadIdx.x;
             if (v >= nvec) continue;
             if (INT8 && bound && within_bound(tmp[k], bound)) {
-                float a[VEC], r[VEC];
-                unpack(tmp[k], a);
-#pragma unroll
-                for (int i = 0; i < VEC; ++i)
-                    r[i] = fclamp(divide_by_reciprocal<CORR>(a[i], plan.nb, plan.y), -127.0f, 127.0f);
-                store_code_vec<Code, VEC>(q + v * VEC, encode_fast<Code, VEC>(r, a));
+                store_code_vec<Code, VEC>(q + v * VEC,
+                                          quantize_vec_fast<Tin, Code, VEC, false, CORR, INT8>(tmp[k], plan));
             } else {
                 store_code_vec<Code, VEC>(q + v * VEC, quantize_vec_div<Tin, Code, VEC>(tmp[k], b));
             }

@@ -120,7 +120,7 @@ struct ZeroPoint {
     // never looked at: the clamp, the rounding and the comparison treat -0 as +0.
     template <bool CAREFUL, bool STOCH>
     __device__ static __forceinline__ u32 encode(float x, const Params& p, u32 rnd, float& d) {
-        const float v = CAREFUL ? div_rn(x, p.s) : divide_by_reciprocal<1>(x, p.plan.nb, p.plan.y);
+        const float v = CAREFUL ? div_rn(x, p.s) : divide_fast<1>(x, p.plan);
         if (CAREFUL && is_nan(v)) {
             d = mul_rn(sub_rn(0.0f, p.z), p.s);
             return 0u;

@@ -209,8 +209,9 @@ def _quant_plan(src, fmt, t, vec, geom, device):
     if plan is None:
         fn = _kernels.function(src, quant_expr(fmt, t, vec, geom), device)
         threads = max(geom[0], 256)
-        plan = _plans[key] = (_gpu.Launch(fn, 12), threads, (threads // geom[0]) * geom[2],
-                              _gpu.resident_blocks(fn, device, threads))
+        plan = _gpu.remember(_plans, key, (_gpu.Launch(fn, 12), threads,
+                                           (threads // geom[0]) * geom[2],
+                                           _gpu.resident_blocks(fn, device, threads)))
     return plan
 
 
@@ -277,9 +278,9 @@ def _quant_staged_plan(src, fmt, t, g, hold, device):
         stage_bytes = STAGED["stage_bytes"]
         stages = max(1, min(8, STAGED["smem_per_block"] // stage_bytes))
         smem = stages * stage_bytes
-        plan = _plans[key] = (_gpu.Launch(fn, 14, smem), stages, stage_bytes,
-                              max(1, stage_bytes // (g * t.numpy.itemsize)),
-                              _gpu.resident_blocks(fn, device, STAGED_THREADS, smem))
+        plan = _gpu.remember(_plans, key, (_gpu.Launch(fn, 14, smem), stages, stage_bytes,
+                                           max(1, stage_bytes // (g * t.numpy.itemsize)),
+                                           _gpu.resident_blocks(fn, device, STAGED_THREADS, smem)))
     return plan
 
 
@@ -605,8 +606,8 @@ def _run_batched(cp, checked, out, stream, device, outcome):
         key = ("batched", out.name, device)
         launch = _plans.get(key)
         if launch is None:
-            launch = _plans[key] = _gpu.Launch(_kernels.function(SRC, batched_expr(out), device),
-                                               2)
+            launch = _gpu.remember(_plans, key, _gpu.Launch(
+                _kernels.function(SRC, batched_expr(out), device), 2))
         launch(block, 256, stream, (table.data.ptr, len(rows)))
         keep.append(table)
     return [outcome(a, r) for (a, *_rest), r in zip(checked, results)]
