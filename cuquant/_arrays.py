@@ -13,6 +13,8 @@ import sys
 import ml_dtypes
 import numpy as np
 
+from . import _fast
+
 HOST = -1
 
 _FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -43,6 +45,7 @@ def cupy_module():
             import cupy
 
             _cupy = cupy
+            _fast.enable(cupy)
         except Exception:  # noqa: BLE001 - any failure means no GPU path
             _cupy = False
     return _cupy or None

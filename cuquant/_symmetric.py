@@ -9,12 +9,14 @@ so a repeated call costs a dictionary lookup, the output allocations and the lau
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
 
 from . import _gpu, _kernels
 from ._arrays import cupy_module
+from ._fast import offer
 from ._dtypes import E4M3, FLOATS, INT8, CodeType, FloatType
 from ._op import contiguous
 
@@ -138,15 +140,54 @@ def _code_dtype(code: CodeType) -> np.dtype:
 
 class Plan:
     """Everything a launch needs besides the arrays' addresses: the kernel, the grid, the
-    outputs' layout and the remaining arguments. grid 0: nothing to launch."""
+    outputs' layout and the remaining arguments. grid 0: nothing to launch. Its methods do
+    one call of each kind from the stream and the input addresses; `_fast` keeps them as
+    the replays of repeated calls."""
 
-    __slots__ = ("launch", "grid", "threads", "outputs", "args")
+    __slots__ = ("launch", "grid", "threads", "outputs", "args", "column_rows")
 
     def __init__(self, expr, device, nargs, grid, threads, outputs, args, smem=0):
         # The kernel is compiled only when there is work (empty inputs need none).
         self.launch = (_gpu.Launch(_kernels.function(SRC, expr, device), nargs, smem) if grid
                        else None)
         self.grid, self.threads, self.outputs, self.args = grid, threads, outputs, args
+        self.column_rows = 0  # rows of a column-layout scale (0: row layout)
+
+    def rows(self, stream, ptrs):
+        """Row groups of x (ptrs: x, and smooth for SmoothQuant): (q, scale)."""
+        q, buf = self.outputs.make()
+        self.launch(self.grid, self.threads, stream,
+                    (ptrs[0], q.data.ptr, buf.data.ptr, ptrs[1] if len(ptrs) > 1 else 0)
+                    + self.args)
+        return q, (buf[:, :self.column_rows].T if self.column_rows else buf)
+
+    def tensor(self, stream, ptrs):
+        """Dynamic per-tensor (ptrs: x): (q, scale)."""
+        q, scale = self.outputs.make()
+        n, inv_qmax = self.args
+        ws = _gpu.workspace(q.data.device_id, stream)
+        self.launch(self.grid, 256, stream,
+                    (ptrs[0], q.data.ptr, scale.data.ptr, n, ws.data.ptr, inv_qmax))
+        return q, scale
+
+    def static(self, scale_bits, stream, ptrs):
+        """Per-tensor with a host scale, given as its float32 bits (ptrs: x): (q, scale)."""
+        q, scale = self.outputs.make()
+        self.launch(self.grid, 256, stream,
+                    (ptrs[0], q.data.ptr, 0, scale_bits, scale.data.ptr) + self.args)
+        return q, scale
+
+    def tiles(self, stream, ptrs):
+        """128x128 tiles of w (ptrs: w): (q, scale)."""
+        q, scale = self.outputs.make()
+        self.launch(self.grid, 256, stream, (ptrs[0], q.data.ptr, scale.data.ptr) + self.args)
+        return q, scale
+
+    def dequantize(self, stream, ptrs):
+        """ptrs: q, scale. Returns x."""
+        (res,) = self.outputs.make()
+        self.launch(self.grid, 256, stream, (ptrs[0], ptrs[1], res.data.ptr) + self.args)
+        return res
 
 
 # ---------------------------------------------------------------------------------------
@@ -211,6 +252,7 @@ def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bi
     plan = Plan(row_groups_expr(t, code, rule, vec, geom, smooth), device, 15, grid, threads,
                 outputs, (rows, k, group, gpr, magic, shift, srs, sgs, pad, code.inv_qmax_bits,
                           eps_bits))
+    plan.column_rows = rows if layout == "column" else 0
     return _gpu.remember(_plans, key, plan)
 
 
@@ -231,10 +273,11 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
         plan = _row_groups_plan(key, t, code, rule, rows, k, group, (xp | sp) % 16 == 0,
                                 smooth is not None, eps_bits, scale_layout, q_shape, scale_shape,
                                 x.data.device_id)
-    q, buf = plan.outputs.make()
-    if plan.grid:
-        plan.launch(plan.grid, plan.threads, stream, (xp, q.data.ptr, buf.data.ptr, sp) + plan.args)
-    return q, (buf[:, :rows].T if scale_layout == "column" else buf)
+    if not plan.grid:
+        q, buf = plan.outputs.make()
+        return q, (buf[:, :rows].T if scale_layout == "column" else buf)
+    offer(plan.rows)
+    return plan.rows(stream, (xp, sp))
 
 
 def quantize_tensor(stream, x, t: FloatType, code: CodeType):
@@ -252,13 +295,12 @@ def quantize_tensor(stream, x, t: FloatType, code: CodeType):
         plan = _gpu.remember(_plans, key, Plan(expr, device, 6, grid, 256,
                                    _gpu.Outputs((x.shape, _code_dtype(code)), ((1,), _F32)),
                                    (n, code.inv_qmax_bits)))
-    q, scale = plan.outputs.make()
-    if plan.grid:
-        plan.launch(plan.grid, 256, stream, (xp, q.data.ptr, scale.data.ptr, plan.args[0],
-                                             _gpu.workspace(device, stream).data.ptr, plan.args[1]))
-    else:
+    if not plan.grid:
+        q, scale = plan.outputs.make()
         scale.fill(1.0)
-    return q, scale
+        return q, scale
+    offer(plan.tensor)
+    return plan.tensor(stream, (xp,))
 
 
 def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, scale_array=None):
@@ -277,16 +319,17 @@ def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, s
                                    _gpu.Outputs(*specs), (n,)))
     if given:
         (q,) = plan.outputs.make()
-        scale_out = scale_array.reshape(1)
-        args = (xp, q.data.ptr, scale_array.data.ptr, 0, 0) + plan.args
-    else:
+        if plan.grid:
+            plan.launch(plan.grid, 256, stream,
+                        (xp, q.data.ptr, scale_array.data.ptr, 0, 0) + plan.args)
+        return q, scale_array.reshape(1)
+    if not plan.grid:
         q, scale_out = plan.outputs.make()
-        args = (xp, q.data.ptr, 0, _f32_bits(scale_value), scale_out.data.ptr) + plan.args
-    if plan.grid:
-        plan.launch(plan.grid, 256, stream, args)
-    elif not given:
         scale_out.fill(np.float32(scale_value))
-    return q, scale_out
+        return q, scale_out
+    replay = functools.partial(plan.static, _f32_bits(scale_value))
+    offer(replay)
+    return replay(stream, (xp,))
 
 
 def quantize_tiles(stream, w, t: FloatType, code: CodeType):
@@ -305,18 +348,19 @@ def quantize_tiles(stream, w, t: FloatType, code: CodeType):
         plan = _gpu.remember(_plans, key, Plan(tiles_expr(t, code, vec), device, 8, grid, 256,
                                    _gpu.Outputs(((n, k), _code_dtype(code)), ((tn, tk), _F32)),
                                    (n, k, tn, tk, code.inv_qmax_bits)))
-    q, scale = plan.outputs.make()
-    if plan.grid:
-        plan.launch(plan.grid, 256, stream, (wp, q.data.ptr, scale.data.ptr) + plan.args)
-    return q, scale
+    if not plan.grid:
+        return plan.outputs.make()
+    offer(plan.tiles)
+    return plan.tiles(stream, (wp,))
 
 
 def dequantize(stream, q, rows: int, k: int, scale, code: CodeType, out: FloatType, mode: int,
-               group: int = 0):
+               group: int = 0, given: bool = False):
     """q: C-contiguous codes of any shape, read as [rows, K]; scale: float32, one element
     (PER_TENSOR), `rows` values in C order (PER_ROW), [rows, ceil(K/group)] (PER_GROUP) or
     [ceil(rows/128), ceil(K/128)] (PER_TILE), any strides. Returns an array shaped like q.
-    Each thread writes 16 bytes of output per vector."""
+    Each thread writes 16 bytes of output per vector. `given`: q and scale are the caller's
+    own arrays (no copies), so the call can be replayed."""
     qp = q.data.ptr
     strides = scale.strides if mode >= PER_GROUP else None
     key = ("dequant", code.name, out.name, q.shape, rows, k, mode, group, strides, qp % 16,
@@ -333,10 +377,11 @@ def dequantize(stream, q, rows: int, k: int, scale, code: CodeType, out: FloatTy
             dequant_expr(code, out, vec, mode), q.data.device_id, 10, grid, 256,
             _gpu.Outputs((q.shape, out.numpy)),
             (rows, kv) + _gpu.fastdiv(kv) + (max(group, 1).bit_length() - 1, srs, scs)))
-    (res,) = plan.outputs.make()
-    if plan.grid:
-        plan.launch(plan.grid, 256, stream, (qp, scale.data.ptr, res.data.ptr) + plan.args)
-    return res
+    if not plan.grid:
+        return plan.outputs.make()[0]
+    if given:
+        offer(plan.dequantize)
+    return plan.dequantize(stream, (qp, scale.data.ptr))
 
 
 # ---------------------------------------------------------------------------------------
@@ -393,17 +438,16 @@ def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity
     (scale shaped q.shape[:-1]), "group" (scale [M, ceil(K/group)], any strides) or "tile"
     (scale [ceil(N/128), ceil(K/128)])."""
     qc = contiguous(q)
+    sc = contiguous(scale) if granularity == "row" else scale
     if granularity == "tensor":
-        res = dequantize(stream, qc, 1, q.size, scale, code, out, PER_TENSOR)
+        rows, k, mode = 1, q.size, PER_TENSOR
     elif granularity == "row":
         k = q.shape[-1]
-        res = dequantize(stream, qc, q.size // k if k else 0, k, contiguous(scale), code, out,
-                         PER_ROW)
+        rows, mode = (q.size // k if k else 0), PER_ROW
     else:
-        rows, k = q.shape
-        res = dequantize(stream, qc, rows, k, scale, code, out,
-                         PER_GROUP if granularity == "group" else PER_TILE, group)
-    return (res,), False
+        (rows, k), mode = q.shape, PER_GROUP if granularity == "group" else PER_TILE
+    return (dequantize(stream, qc, rows, k, sc, code, out, mode, group,
+                       given=qc is q and sc is scale),), False
 
 
 __all__ = ["run_tensor", "run_rows", "run_groups", "run_tiles", "run_dequantize",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _numpy, _symmetric
+from ._fast import replayable
 from ._dtypes import E4M3
 from ._op import (HOST, check_one_value, dequant_args, host_results, intake,
                   run_gpu, scale_argument, stream_of, v)
@@ -28,6 +29,7 @@ __all__ = ["quantize_fp8_per_tensor", "quantize_fp8_per_row", "quantize_fp8_per_
 # ---------------------------------------------------------------------------------------
 # Quantization
 
+@replayable
 def quantize_fp8_per_tensor(x, scale=None, *, stream=None):
     """Quantize a whole tensor to float8_e4m3fn against one scale.
 
@@ -55,6 +57,7 @@ def quantize_fp8_per_tensor(x, scale=None, *, stream=None):
     return run_gpu(a, s, _symmetric.run_tensor, a.data, t, E4M3, value, device_scale)
 
 
+@replayable
 def quantize_fp8_per_row(x, *, stream=None):
     """Quantize each row (last axis) to float8_e4m3fn: the seed's FP8QuantFwdOp on
     ``[B, S, G, D]``, any rank >= 1.
@@ -81,6 +84,7 @@ def quantize_fp8_per_row(x, *, stream=None):
 
 
 
+@replayable
 def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row",
                                  scale_format="float32", *, stream=None):
     """Quantize runs of `group_size` elements of each row to float8_e4m3fn (DeepSeek-V3
@@ -123,6 +127,7 @@ def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row"
 
 
 
+@replayable
 def quantize_fp8_per_block(w, block_size=BLOCK_SIZE, *, stream=None):
     """Quantize each 128x128 tile of a weight to float8_e4m3fn: the DeepSeek-V3 block
     format, whose scale is stored as ``weight_scale_inv``.
@@ -167,6 +172,7 @@ def _check_block_size(block_size, op):
 # ---------------------------------------------------------------------------------------
 # Dequantization
 
+@replayable
 def dequantize_fp8_per_tensor(q, scale, dtype, *, stream=None):
     """Dequantize float8_e4m3fn codes with one scale: ``dtype(f32(q) * scale)``.
 
@@ -189,6 +195,7 @@ def dequantize_fp8_per_tensor(q, scale, dtype, *, stream=None):
     return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, E4M3, out, "tensor")
 
 
+@replayable
 def dequantize_fp8_per_row(q, scale, dtype, *, stream=None):
     """Dequantize float8_e4m3fn codes with one scale per row (last axis).
 
@@ -212,6 +219,7 @@ def dequantize_fp8_per_row(q, scale, dtype, *, stream=None):
     return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, E4M3, out, "row")
 
 
+@replayable
 def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128, *, stream=None):
     """Dequantize float8_e4m3fn codes with one scale per `group_size` elements of a row.
     Either scale layout of `quantize_fp8_per_token_group` is accepted (any strides).
@@ -239,6 +247,7 @@ def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128, *, stream=No
     return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, E4M3, out, "group", g)
 
 
+@replayable
 def dequantize_fp8_per_block(q, scale, dtype, block_size=BLOCK_SIZE, *, stream=None):
     """Dequantize float8_e4m3fn codes with one scale per 128x128 tile.
 

@@ -24,7 +24,7 @@ import itertools
 
 import numpy as np
 
-from . import _gpu, _kernels, _numpy
+from . import _fast, _gpu, _kernels, _numpy
 from ._dtypes import FLOATS, INT4, INT8, FloatType
 from ._numpy.groupwise import packed_shape, unpacked_shape
 from ._op import HOST, contiguous, host_results, intake, out_dtype, run_gpu, same_place, stream_of, v
@@ -219,14 +219,14 @@ def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g
                     p0, p1=None, deq=None, rbits=None, mode: int = 0, seed: int = 0,
                     big: bool = True, hold: int = 0) -> None:
     """Run quantize_groups over the C-contiguous x (n elements, n % g == 0) into the
-    allocated outputs. The fast path needs g to be a multiple of a 16-byte unit and 16-byte
+    allocated outputs; returns the launch plan (None when there is nothing to do). The fast path needs g to be a multiple of a 16-byte unit and 16-byte
     aligned x (and rbits); otherwise units are one byte of codes and a chunk is two groups
     when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on the
     device at once. `hold`: units a thread of the staged kernel (0: STAGED["hold"]). What a
     problem needs is worked out once (`_problem_plan`)."""
     n = x.size
     if n == 0:
-        return
+        return None
     xp = x.data.ptr
     rp = 0 if rbits is None else rbits.data.ptr
     key = ("quant-problem", src, bits, t.name, n, g, (xp | rp) % 16 == 0, big, hold,
@@ -237,8 +237,37 @@ def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g
             src, fmt_of_bits(bits), t, bits, n, g, (xp | rp) % 16 == 0, big,
             hold or STAGED["hold"], x.data.device_id))
     launch, grid, threads, head, tail = plan
-    launch(grid, threads, stream, (xp, q.data.ptr, p0.data.ptr, _ptr(p1), _ptr(deq), rp) + head
-           + (mode, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF) + tail)
+    launch(grid, threads, stream,
+           launch_args(head, tail, xp, q.data.ptr, p0.data.ptr, _ptr(p1), _ptr(deq), rp, mode, seed))
+    return plan
+
+
+def launch_args(head, tail, xp, qp, p0p, p1p, deqp, rp, mode, seed):
+    """quantize_groups' arguments: x, the outputs (0 for those a format lacks), rbits, the
+    plan's head (the problem), the rounding mode, the seed's halves, the plan's tail (the
+    staged kernel's ring)."""
+    return (xp, qp, p0p, p1p, deqp, rp) + head + (mode, seed & 0xFFFFFFFF, seed >> 32) + tail
+
+
+class QuantizeReplay:
+    """A group-wise quantizer call done again (see _fast): outputs made, then the plan's
+    launch, with nearest or caller-word rounding; ptrs are x's address and, for caller
+    words, rbits'."""
+
+    __slots__ = ("outputs", "plan", "mode")
+
+    def __init__(self, outputs, plan, mode: int):
+        self.outputs, self.plan, self.mode = outputs, plan, mode
+
+    def __call__(self, stream, ptrs):
+        out = self.outputs.make()
+        q, p0 = out[0], out[1]
+        p1p, deqp = (out[2].data.ptr, out[3].data.ptr) if len(out) == 4 else (0, 0)
+        launch, grid, threads, head, tail = self.plan
+        launch(grid, threads, stream,
+               launch_args(head, tail, ptrs[0], q.data.ptr, p0.data.ptr, p1p, deqp,
+                           ptrs[1] if len(ptrs) > 1 else 0, self.mode, 0))
+        return out
 
 
 def _problem_plan(src, fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool, big: bool,
@@ -303,10 +332,11 @@ def dequant_plan(n: int, g: int, bits: int, out: FloatType, q, *params):
 
 
 def launch_dequantize(stream, src: str, codes: str, out: FloatType, bits: int, g: int, q, p0,
-                      p1, res, unroll: int) -> None:
+                      p1, res, unroll: int):
+    """Dequantize q into the allocated res; returns the launch plan (None: nothing to do)."""
     n = res.size
     if n == 0:
-        return
+        return None
     qp, pp = q.data.ptr, p0.data.ptr
     key = ("dequant-problem", src, codes, out.name, bits, n, g, qp % 16,
            p1 is not None or pp % 8 == 0, unroll, q.data.device_id)
@@ -319,6 +349,24 @@ def launch_dequantize(stream, src: str, codes: str, out: FloatType, bits: int, g
                                            (units, d) + tuple(_gpu.fastdiv(d))))
     launch, grid, tail = plan
     launch(grid, DQ_THREADS, stream, (qp, pp, _ptr(p1), res.data.ptr) + tail)
+    return plan
+
+
+class DequantizeReplay:
+    """A group-wise dequantizer call done again (see _fast); ptrs: the codes and one or two
+    parameter arrays."""
+
+    __slots__ = ("outputs", "plan")
+
+    def __init__(self, outputs, plan):
+        self.outputs, self.plan = outputs, plan
+
+    def __call__(self, stream, ptrs):
+        (res,) = self.outputs.make()
+        launch, grid, tail = self.plan
+        launch(grid, DQ_THREADS, stream,
+               (ptrs[0], ptrs[1], ptrs[2] if len(ptrs) > 2 else 0, res.data.ptr) + tail)
+        return res
 
 
 def _cp():
@@ -337,7 +385,9 @@ def _gpu_quantize(stream, x, t, bits, sym, g):
             (packed_shape(x.shape, bits), code_dtype(bits)),
             ((x.size // g, 1 if sym else 2), _F32)))
     q, params = outputs.make()
-    launch_quantize(stream, SRC, _ds_format, xc, t, bits, g, q, params, mode=int(sym))
+    plan = launch_quantize(stream, SRC, _ds_format, xc, t, bits, g, q, params, mode=int(sym))
+    if plan is not None and xc is x and _fast.wanted():
+        _fast.offer(QuantizeReplay(outputs, plan, int(sym)))
     return (q, params), False
 
 
@@ -348,17 +398,24 @@ def _params_ready(p):
 
 
 def _gpu_dequantize(stream, q, params, bits, sym, g, out):
-    cp = _cp()
-    qc = contiguous(q)
-    res = cp.empty(unpacked_shape(q.shape, bits), dtype=out.numpy)
-    launch_dequantize(stream, SRC, _ds_codes(bits, sym), out, bits, g, qc, _params_ready(params),
-                      None, res, DQ_UNROLL)
+    qc, pc = contiguous(q), _params_ready(params)
+    key = ("dq-outputs", q.shape, bits, out.name)
+    outputs = _plans.get(key)
+    if outputs is None:
+        outputs = _gpu.remember(_plans, key,
+                                _gpu.Outputs((unpacked_shape(q.shape, bits), out.numpy)))
+    (res,) = outputs.make()
+    plan = launch_dequantize(stream, SRC, _ds_codes(bits, sym), out, bits, g, qc, pc, None, res,
+                             DQ_UNROLL)
+    if plan is not None and qc is q and pc is params and _fast.wanted():
+        _fast.offer(DequantizeReplay(outputs, plan))
     return (res,), False
 
 
 # ---------------------------------------------------------------------------------------
 # Public ops
 
+@_fast.replayable
 def quantize_groupwise(x, bits, symmetric, group_size, *, stream=None):
     """Quantize groups of consecutive elements to 4- or 8-bit integers, DeepSpeed's format.
 
@@ -420,6 +477,7 @@ def _dequant_checks(op, a, params, bits, symmetric, group_size, dtype, s, q_arg=
     return b, sym, out, p, g
 
 
+@_fast.replayable
 def dequantize_groupwise(q, params, bits, symmetric, group_size, dtype, *, stream=None):
     """Dequantize the codes of `quantize_groupwise`.
 
@@ -450,6 +508,7 @@ def dequantize_groupwise(q, params, bits, symmetric, group_size, dtype, *, strea
     return run_gpu(a, s, _gpu_dequantize, a.data, p.data, b, sym, g, out)
 
 
+@_fast.replayable
 def quantize_int4_per_group(w, group_size=128, *, stream=None):
     """TileOPs' INT4QuantPerGroupFwdOp: asymmetric 4-bit groups along K of a weight.
 
@@ -480,6 +539,7 @@ def quantize_int4_per_group(w, group_size=128, *, stream=None):
     return run_gpu(a, s, _gpu_quantize, a.data, t, 4, False, g)
 
 
+@_fast.replayable
 def dequantize_int4_per_group(packed, params, dtype, group_size=128, *, stream=None):
     """Dequantize `quantize_int4_per_group`: ``dtype(f32(f32(q) * p0) + p1)``.
 

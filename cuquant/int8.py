@@ -8,6 +8,7 @@ from __future__ import annotations
 
 
 from . import _numpy, _symmetric
+from ._fast import replayable
 from ._dtypes import FLOATS, INT8
 from ._op import (HOST, check_one_value, dequant_args, host_results, intake,
                   run_gpu, same_place, scale_argument, stream_of, v)
@@ -28,6 +29,7 @@ def _block_size(block_size, op):
 # ---------------------------------------------------------------------------------------
 # Quantization
 
+@replayable
 def quantize_int8_per_tensor(x, scale=None, *, stream=None):
     """Quantize a whole tensor to int8 against one scale.
 
@@ -60,6 +62,7 @@ def quantize_int8_per_tensor(x, scale=None, *, stream=None):
     return run_gpu(a, s, _symmetric.run_tensor, a.data, t, INT8, value, device_scale)
 
 
+@replayable
 def quantize_int8_per_channel(w, *, stream=None):
     """Quantize each row (output channel) of a weight to int8 against its own scale.
 
@@ -85,6 +88,7 @@ def quantize_int8_per_channel(w, *, stream=None):
 
 
 
+@replayable
 def quantize_int8_per_block(x, block_size=128, *, stream=None):
     """Quantize runs of `block_size` contiguous elements of each row to int8.
 
@@ -113,6 +117,7 @@ def quantize_int8_per_block(x, block_size=128, *, stream=None):
 
 
 
+@replayable
 def smooth_quant(x, smooth, *, stream=None):
     """SmoothQuant activation quantization: divide each column by its smoothing factor,
     then quantize each row to int8.
@@ -149,6 +154,7 @@ def smooth_quant(x, smooth, *, stream=None):
 # ---------------------------------------------------------------------------------------
 # Dequantization
 
+@replayable
 def dequantize_int8_per_tensor(q, scale, dtype, *, stream=None):
     """Dequantize int8 codes with one scale: ``dtype(f32(q) * scale)``.
 
@@ -171,6 +177,7 @@ def dequantize_int8_per_tensor(q, scale, dtype, *, stream=None):
     return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, INT8, out, "tensor")
 
 
+@replayable
 def dequantize_int8_per_channel(q, scale, dtype, *, stream=None):
     """Dequantize int8 codes with one scale per row: ``dtype(f32(q[n]) * scale[n])``.
 
@@ -194,6 +201,7 @@ def dequantize_int8_per_channel(q, scale, dtype, *, stream=None):
     return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, INT8, out, "row")
 
 
+@replayable
 def dequantize_int8_per_block(q, scale, dtype, block_size=128, *, stream=None):
     """Dequantize int8 codes with one scale per `block_size` elements of a row:
     ``x[m, k] = dtype(f32(q[m, k]) * scale[m, k // block_size])``.

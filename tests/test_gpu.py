@@ -91,9 +91,10 @@ def _row_lengths(exact_teams: bool) -> list[int]:
 def smooth_rows_kernel(monkeypatch):
     """SmoothQuant through smooth_quant_rows at every size (it is taken from 2**23
     elements on; smaller problems take the general row kernel)."""
-    from cuquant import _symmetric
+    from cuquant import _fast, _symmetric
 
     monkeypatch.setattr(_symmetric, "SMOOTH_ROWS_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(_fast, "_table", {})  # replays were made under the old threshold
     _symmetric._plans.clear()
     yield
     _symmetric._plans.clear()
@@ -589,6 +590,76 @@ def test_stream_argument():
         got2 = cq.quantize_int8_per_tensor(x)
     s.synchronize()
     _compare(None, got, got2, "per-tensor workspace reuse")
+
+
+# ---------------------------------------------------------------------------------------
+# Replays (cuquant/_fast.py): repeated calls on CuPy arrays skip straight to the launch
+
+def _replay_cases():
+    for op in OPS:
+        if op.name == "dequantize_groupwise_batched":
+            continue
+        for variant in op.variants[:4]:
+            yield pytest.param(op, variant, id=f"{op.name}-{variant}")
+
+
+@pytest.mark.parametrize("op,variant", list(_replay_cases()))
+def test_replays_match_numpy(op, variant, rng):
+    """Three calls with the same key on fresh data: the second and third run the first
+    call's replay (checked in the table) on the current stream, a side stream made current
+    for the third, and still give the NumPy backend's bits. Calls that cannot be kept (a
+    seed, an array given by keyword, a strided scale) go the whole way each time."""
+    import cupy as cp
+
+    from cuquant import _arrays, _fast
+
+    _arrays.cupy_module()  # CuPy known to cuquant: calls on its arrays can be kept
+    _fast.clear()
+    side = cp.cuda.Stream(non_blocking=True)
+    for call in range(3):
+        args, kwargs = op.make(np, rng, (16, 4096), op.dtypes[0], **variant)
+        if call < 2:
+            host, dev = _run_both(op, args, kwargs)
+        else:
+            with side:
+                host, dev = _run_both(op, args, kwargs)
+            side.synchronize()
+        _compare(op, host, dev, f"{op.name} call {call}")
+        kept = ("seed" not in kwargs and not any(isinstance(v, np.ndarray)
+                                                 for v in kwargs.values())
+                and all(a.flags.c_contiguous for a in args if isinstance(a, np.ndarray)))
+        assert bool(_fast._table) == kept
+
+
+def test_replay_after_refusals():
+    """A kept replay does not let through what the checks refuse: a bool or float group
+    size, another dtype, a misaligned or non-contiguous view, a scale of another shape."""
+    import cupy as cp
+
+    from _util import assert_refused
+
+    x = cp.asarray(np.random.default_rng(5).standard_normal((16, 4096)).astype(np.float16))
+    for _ in range(2):
+        cq.quantize_fp8_per_token_group(x, 128)
+        cq.quantize_int8_per_block(x, block_size=128)
+    assert_refused(cq.quantize_fp8_per_token_group, (x, 128.0), {}, TypeError, ["group_size"])
+    assert_refused(cq.quantize_int8_per_block, (x,), {"block_size": True}, TypeError,
+                   ["block_size"])
+    assert_refused(cq.quantize_fp8_per_token_group, (x.astype(cp.int32), 128), {}, TypeError,
+                   ["x"])
+    q, s = cq.quantize_int8_per_channel(x)
+    for _ in range(2):
+        cq.dequantize_int8_per_channel(q, s, "float16")
+    assert_refused(cq.dequantize_int8_per_channel, (q, s[:8], "float16"), {}, ValueError,
+                   ["scale"])
+    shifted = cp.empty(16 * 4096 + 1, cp.float16)[1:].reshape(16, 4096)  # 2 bytes off
+    shifted[...] = x
+    _compare(None, cq.quantize_fp8_per_token_group(x.get(), 128),
+             cq.quantize_fp8_per_token_group(shifted, 128), "misaligned after aligned")
+    wide = cp.zeros((16, 8192), cp.float16)
+    wide[:, ::2] = x
+    _compare(None, cq.quantize_fp8_per_token_group(x.get(), 128),
+             cq.quantize_fp8_per_token_group(wide[:, ::2], 128), "strided after contiguous")
 
 
 def test_static_device_scale():

@@ -48,8 +48,9 @@ def _staged_cases():
 def staged(monkeypatch):
     """The staged kernel for every input size, with fresh launch plans; configure(name)
     picks the stage geometry, plans() lists the staged plans made so far."""
-    from cuquant import groupwise
+    from cuquant import _fast, groupwise
 
+    monkeypatch.setattr(_fast, "_table", {})  # replays keep the plans they were made with
     monkeypatch.setitem(groupwise.STAGED, "min_bytes", 0)
     monkeypatch.setattr(groupwise, "staged_device", lambda device: True)
     monkeypatch.setattr(groupwise, "_plans", {})

@@ -1,0 +1,257 @@
+"""Repeated calls on CuPy arrays run a replay of the first call (cuquant/_fast.py).
+
+Two kinds of test, neither needing a GPU:
+
+- the mechanism, on a stand-in array type: what enters a key, when a replay is kept, and
+  that anything a key cannot describe goes the whole way;
+- every declared op on real CuPy arrays over memory that is never touched, with the
+  allocator, device queries and launches replaced by recorders: the replay must launch
+  exactly what the first call launched, with the new input's address.
+
+The GPU tests (test_gpu.py, test_groupwise_gpu.py) repeat calls with the same shapes on
+fresh data, so there the replays' codes are compared with the NumPy backend bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuquant import _fast
+
+
+# ---------------------------------------------------------------------------------------
+# The mechanism, on a stand-in array type
+
+class Mem:
+    def __init__(self, ptr, device_id=0):
+        self.ptr, self.device_id = ptr, device_id
+
+
+class FakeArray:
+    def __init__(self, shape, dtype=np.float16, ptr=4096, contiguous=True, device=0):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.data = Mem(ptr, device)
+        self._c_contiguous = contiguous
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """_fast on FakeArray, device 0 current, an op that records how it was reached."""
+    monkeypatch.setattr(_fast, "ND", FakeArray)
+    monkeypatch.setattr(_fast, "_device", lambda: 0)
+    monkeypatch.setattr(_fast, "_stream", lambda: "stream")
+    monkeypatch.setattr(_fast, "_table", {})
+    seen = {"whole": 0, "replays": []}
+
+    def op(x, *args, stream=None, group_size=128, offers=1, fail=False):
+        seen["whole"] += 1
+        if fail:
+            raise ValueError("refused")
+        for _ in range(offers):
+            _fast.offer(lambda s, ptrs: seen["replays"].append((s, tuple(ptrs))) or "replayed")
+        return "whole"
+
+    seen["op"] = _fast.replayable(op)
+    return seen
+
+
+def test_second_call_replays_with_new_addresses(fake):
+    op = fake["op"]
+    assert op(FakeArray((4, 8), ptr=4096)) == "whole"
+    assert op(FakeArray((4, 8), ptr=8192)) == "replayed"
+    assert op(FakeArray((4, 8), ptr=8192), FakeArray((8,), np.float32, ptr=65536)) == "whole"
+    assert op(FakeArray((4, 8), ptr=16), FakeArray((8,), np.float32, ptr=32)) == "replayed"
+    assert fake["whole"] == 2
+    assert fake["replays"] == [("stream", (8192,)), ("stream", (16, 32))]
+
+
+@pytest.mark.parametrize("first, second", [
+    (dict(group_size=1), dict(group_size=True)),
+    (dict(group_size=128), dict(group_size=128.0)),
+    (dict(group_size=128), dict(group_size=64)),
+])
+def test_arguments_of_other_types_or_values_do_not_share_a_key(fake, first, second):
+    op = fake["op"]
+    op(FakeArray((4, 8)), **first)
+    assert op(FakeArray((4, 8)), **first) == "replayed"
+    assert op(FakeArray((4, 8)), **second) == "whole"
+
+
+@pytest.mark.parametrize("other", [
+    dict(shape=(4, 9)),
+    dict(dtype=np.float32),
+    dict(ptr=4096 + 2),     # another alignment: another plan
+])
+def test_arrays_that_differ_do_not_share_a_key(fake, other):
+    op = fake["op"]
+    op(FakeArray((4, 8)))
+    kw = dict(shape=(4, 8), dtype=np.float16, ptr=4096)
+    kw.update(other)
+    assert op(FakeArray(kw.pop("shape"), **kw)) == "whole"
+
+
+@pytest.mark.parametrize("call", [
+    lambda op: op(FakeArray((4, 8), contiguous=False)),
+    lambda op: op(FakeArray((4, 8)), FakeArray((8,), contiguous=False)),
+    lambda op: op(FakeArray((4, 8)), FakeArray((8,), device=1)),
+    lambda op: op(FakeArray((4, 8)), [1, 2]),
+    lambda op: op(FakeArray((4, 8)), np.int64(3)),
+    lambda op: op(FakeArray((4, 8)), group_size=FakeArray((1,))),
+    lambda op: op(FakeArray((4, 8)), stream="other"),
+    lambda op: op(np.zeros((4, 8))),
+])
+def test_what_a_key_cannot_describe_goes_the_whole_way(fake, call):
+    op = fake["op"]
+    for _ in range(3):
+        assert call(op) == "whole"
+    assert fake["replays"] == [] and fake["whole"] == 3
+
+
+def test_another_current_device_goes_the_whole_way(fake, monkeypatch):
+    op = fake["op"]
+    op(FakeArray((4, 8)))
+    monkeypatch.setattr(_fast, "_device", lambda: 1)
+    assert op(FakeArray((4, 8))) == "whole"
+
+
+@pytest.mark.parametrize("kw", [dict(fail=True), dict(offers=0), dict(offers=2)])
+def test_only_a_call_that_succeeded_with_one_launch_is_kept(fake, kw):
+    op = fake["op"]
+    for _ in range(3):
+        try:
+            op(FakeArray((4, 8)), **kw)
+        except ValueError:
+            pass
+    assert fake["whole"] == 3 and _fast._table == {}
+
+
+def test_a_call_inside_another_spoils_the_outer_one(fake):
+    inner = fake["op"]
+
+    def outer_op(x, *, stream=None):
+        _fast.offer(lambda s, ptrs: "outer replayed")
+        inner(FakeArray((2, 2), ptr=1 << 20))
+        return "outer"
+
+    outer = _fast.replayable(outer_op)
+    assert outer(FakeArray((4, 8))) == "outer"
+    assert outer(FakeArray((4, 8))) == "outer"   # not kept: it held a second call
+    assert inner(FakeArray((2, 2), ptr=1 << 21)) == "replayed"  # the inner call was kept
+
+
+def test_the_table_stays_bounded(fake, monkeypatch):
+    monkeypatch.setattr(_fast, "PLAN_LIMIT", 8)
+    op = fake["op"]
+    for n in range(1, 30):
+        op(FakeArray((n, 8)))
+    assert 0 < len(_fast._table) <= 8
+
+
+# ---------------------------------------------------------------------------------------
+# Every declared op: the replay launches what the first call launched
+
+cp = pytest.importorskip("cupy")
+
+from cuquant import _arrays, _gpu, _kernels, _registry, _symmetric, groupwise, zero_point  # noqa: E402
+
+BASE = 0x7F0000000000  # device memory that is never touched: nothing is launched
+
+
+class Kernel:
+    """What _kernels.function returns here: the expression instead of a compiled kernel."""
+
+    max_dynamic_shared_size_bytes = 48 * 1024
+
+    def __init__(self, expr):
+        self.expr = expr
+        self.kernel = self  # Launch reads fn.kernel.ptr
+        self.ptr = hash(expr)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """CuPy arrays over untouched memory; every allocation returns the same block, so two
+    calls' outputs have the same addresses; launches are recorded, not made."""
+    assert _arrays.cupy_module() is not None  # CuPy imported: _fast is enabled
+    mem = cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(BASE, 1 << 34, None, device_id=0), 0)
+    launches = []
+    stream = cp.cuda.Stream.null
+
+    def record(self, grid, threads, stream_, args):
+        launches.append((self.fn.expr, grid, threads, self.smem, tuple(args)))
+
+    previous = cp.cuda.get_allocator()
+    cp.cuda.set_allocator(lambda n: mem)
+    saved = [(t, dict(t)) for t in (_symmetric._plans, groupwise._plans, zero_point._outputs,
+                                    _fast._table)]
+    for t, _ in saved:
+        t.clear()
+    monkeypatch.setattr(_fast, "ND", cp.ndarray)
+    monkeypatch.setattr(_fast, "_device", lambda: 0)
+    monkeypatch.setattr(_fast, "_stream", lambda: stream)
+    monkeypatch.setattr(_gpu, "_get_device", lambda: 0)
+    monkeypatch.setattr(_gpu, "_current_stream", lambda: stream)
+    monkeypatch.setattr(_kernels, "function", lambda src, expr, device: Kernel(expr))
+    monkeypatch.setattr(_gpu, "resident_blocks", lambda *a, **k: 4 * 132)
+    monkeypatch.setattr(_gpu, "props", lambda d: {"sm_count": 132, "cc": "90",
+                                                  "smem_optin": 227 * 1024})
+    workspace = cp.ndarray((4,), np.uint32, mem + (1 << 33))
+    monkeypatch.setattr(_gpu, "workspace", lambda *a: workspace)
+    monkeypatch.setattr(_gpu.Launch, "__call__", record)
+    try:
+        yield mem, launches
+    finally:
+        cp.cuda.set_allocator(previous)
+        for t, content in saved:
+            t.clear()
+            t.update(content)
+
+
+def _on_device(mem, args, kwargs, offset):
+    """The NumPy arrays among the arguments as CuPy arrays of the same shapes and dtypes
+    (fp8 codes as uint8, as CuPy holds them), one after another from mem + offset."""
+    at = offset
+
+    def move(a):
+        nonlocal at
+        if not isinstance(a, np.ndarray):
+            return a
+        dt = np.dtype(np.uint8) if a.dtype.name == "float8_e4m3fn" else a.dtype
+        moved = cp.ndarray(a.shape, dt, mem + at)
+        at += -(-max(a.nbytes, 1) // 4096) * 4096 + 4096
+        return moved
+
+    return [move(a) for a in args], {k: move(v) for k, v in kwargs.items()}
+
+
+CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
+         for i, op in enumerate(_registry.all_ops()) if op.name != "dequantize_groupwise_batched"
+         for j, variant in enumerate(op.variants)]
+
+
+@pytest.mark.parametrize("op, variant", CASES)
+def test_replay_launches_what_the_first_call_launched(recorded, op, variant, rng):
+    """Two calls on inputs at other addresses (same alignment): the second runs the replay
+    unless the call cannot be kept (a seed, an array given by keyword), and launches the
+    same kernel, grid, block and shared memory with the same arguments but the inputs'
+    addresses; its outputs have the shapes, dtypes, strides and (one allocator block
+    here) addresses of the first call's."""
+    mem, launches = recorded
+    args, kwargs = op.make(np, rng, (16, 4096), op.dtypes[0], **variant)
+    first_args, first_kw = _on_device(mem, args, kwargs, 1 << 30)
+    second_args, second_kw = _on_device(mem, args, kwargs, 1 << 31)
+    first = op.fn(*first_args, **first_kw)
+    second = op.fn(*second_args, **second_kw)
+    kept = "seed" not in kwargs and not any(isinstance(v, np.ndarray) for v in kwargs.values())
+    assert (len(_fast._table) == 1) == kept
+    assert len(launches) == 2
+    moved = {a.data.ptr: b.data.ptr for a, b in zip(first_args + list(first_kw.values()),
+                                                   second_args + list(second_kw.values()))
+             if isinstance(a, cp.ndarray)}
+    assert launches[1][:4] == launches[0][:4]
+    assert launches[1][4] == tuple(moved.get(v, v) for v in launches[0][4])
+    first = first if isinstance(first, tuple) else (first,)
+    second = second if isinstance(second, tuple) else (second,)
+    assert [(o.shape, o.dtype, o.strides, o.data.ptr) for o in first] == \
+        [(o.shape, o.dtype, o.strides, o.data.ptr) for o in second]
