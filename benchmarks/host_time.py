@@ -30,12 +30,11 @@ def main():
     replay_on = cp.ndarray
     empty = harness.empty_launch()
     rng = np.random.default_rng(0)
-    print(f"{'op':58s} {'shape':>8s} {'whole way':>9s} {'replay':>7s} {'empty launch':>12s}")
+    print(f"{'op':72s} {'shape':>8s} {'whole way':>9s} {'replay':>7s} {'empty launch':>12s}")
     for op in _registry.all_ops():
         if opts.ops and op.name not in opts.ops.split(","):
             continue
-        variant = op.bench_variants[0]
-        for shape in SHAPES:
+        for variant, shape in [(v, s) for v in op.bench_variants[:1] for s in SHAPES]:
             args, kwargs = op.make(cp, rng, shape, _bench_dtype(op, ""), **variant)
             call = lambda: op.fn(*args, **kwargs)  # noqa: E731
             whole, replayed = [], []
@@ -47,7 +46,7 @@ def main():
             name = op.name + (f" ({op.notes.split(';')[0]})" if op.notes else "")
             if variant:
                 name += " " + ",".join(f"{k}={v}" for k, v in variant.items())
-            print(f"{name[:58]:58s} {'x'.join(map(str, shape)):>8s} {min(whole):9.1f} "
+            print(f"{name[:72]:72s} {'x'.join(map(str, shape)):>8s} {min(whole):9.1f} "
                   f"{min(replayed):7.1f} {harness.host_us_per_call(empty, rounds=1):12.1f}",
                   flush=True)
 
