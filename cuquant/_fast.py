@@ -133,8 +133,37 @@ def offer(replay) -> None:
         offers.append(replay)
 
 
+def plain(v) -> bool:
+    """Whether v can be part of a key."""
+    return type(v) in _PLAIN or _plain(v)
+
+
+def replay_of(key):
+    """The replay kept under `key` (built by a caller of its own, e.g. a batch), or None."""
+    return _table.get(key)
+
+
+def keep(key, replay) -> None:
+    """Keep `replay` under `key`, for a call that builds its own key (a batch of arrays):
+    the caller vouches, as `replayable` does, that the key holds everything its checks and
+    plan depended on and that the call made one launch on the arrays as given."""
+    if len(_table) >= PLAN_LIMIT:
+        _table.clear()
+    _table[key] = replay
+
+
+def current_device() -> int:
+    return _device()
+
+
+def current_stream():
+    return _stream()
+
+
 def clear() -> None:
+    """Forget every replay (for anything that changes how plans are made)."""
     _table.clear()
 
 
-__all__ = ["replayable", "offer", "wanted", "enable", "clear", "PLAN_LIMIT"]
+__all__ = ["replayable", "offer", "wanted", "enable", "clear", "plain", "replay_of", "keep",
+           "current_device", "current_stream", "PLAN_LIMIT"]

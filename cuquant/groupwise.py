@@ -24,7 +24,7 @@ import itertools
 
 import numpy as np
 
-from . import _fast, _gpu, _kernels, _numpy
+from . import _arrays, _fast, _gpu, _kernels, _numpy
 from ._dtypes import FLOATS, INT4, INT8, FloatType
 from ._numpy.groupwise import packed_shape, unpacked_shape
 from ._op import HOST, contiguous, host_results, intake, out_dtype, run_gpu, same_place, stream_of, v
@@ -237,8 +237,8 @@ def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g
             src, fmt_of_bits(bits), t, bits, n, g, (xp | rp) % 16 == 0, big,
             hold or STAGED["hold"], x.data.device_id))
     launch, grid, threads, head, tail = plan
-    launch(grid, threads, stream,
-           launch_args(head, tail, xp, q.data.ptr, p0.data.ptr, _ptr(p1), _ptr(deq), rp, mode, seed))
+    launch(grid, threads, stream, launch_args(head, tail, xp, q.data.ptr, p0.data.ptr, _ptr(p1),
+                                              _ptr(deq), rp, mode, seed))
     return plan
 
 
@@ -316,6 +316,7 @@ def _quant_staged_plan(src, fmt, t, g, hold, device):
 # Units a dequantizing thread has in flight (measured fastest on an H200: 2 against 4
 # and 1 for this format; also the batched kernel's BATCH_UNROLL in groupwise.cu).
 DQ_UNROLL = 2
+BATCH_ROUNDS = 8  # rounds of DQ_UNROLL units a thread of the batched kernel (groupwise.cu)
 DQ_THREADS = 256
 
 
@@ -609,6 +610,12 @@ def dequantize_groupwise_batched(items, dtype, *, stream=None):
         host-to-device copy of a small table of pointers and sizes).
     """
     op = "dequantize_groupwise_batched"
+    batch = _batch_key(items, dtype) if stream is None else None
+    if batch is not None:
+        key, ptrs = batch
+        replay = _fast.replay_of(key)
+        if replay is not None and _fast.current_device() == key[1]:
+            return replay(_fast.current_stream(), ptrs)
     if isinstance(items, (dict, str, bytes)) or not hasattr(items, "__len__"):
         raise TypeError(f"{op}: items must be a sequence of (q, params, bits, symmetric, "
                         f"group_size) items; got {type(items).__name__}")
@@ -629,29 +636,89 @@ def dequantize_groupwise_batched(items, dtype, *, stream=None):
     if first.device == HOST:
         return [host_results(a, _numpy.dequantize_groupwise(a.data, p.data, b, sym, g, out))
                 for a, p, b, sym, g in checked]
-    return _gpu_batched(checked, out, s)
+    return _gpu_batched(checked, out, s, batch)
 
 
-def _gpu_batched(checked, out: FloatType, stream):
+def _batch_key(items, dtype):
+    """(key, addresses) of a batch that can be replayed (see _fast): a list or tuple of
+    (q, params, bits, symmetric, group_size) tuples of C-contiguous CuPy arrays on one
+    device, with int bits and group size and a bool symmetry; None for any other batch. The
+    key holds each item's shapes, dtypes, alignments and values, and the dtype argument."""
+    nd = _fast.ND
+    if nd is None or type(items) not in (list, tuple) or not items or not _fast.plain(dtype):
+        return None
+    parts, ptrs, device = [type(dtype), dtype], [], None
+    for item in items:
+        if type(item) is not tuple or len(item) != 5:
+            return None
+        q, p, bits, sym, g = item
+        if (type(q) is not nd or type(p) is not nd or not q._c_contiguous or not p._c_contiguous
+                or type(bits) is not int or type(sym) is not bool or type(g) is not int):
+            return None
+        qd, pd = q.data, p.data
+        if device is None:
+            device = qd.device_id
+        if qd.device_id != device or pd.device_id != device:
+            return None
+        qp, pp = qd.ptr, pd.ptr
+        parts += (q.shape, q.dtype, qp & 15, p.shape, p.dtype, pp & 15, bits, sym, g)
+        ptrs.append((qp, pp))
+    return (dequantize_groupwise_batched, device, tuple(parts)), ptrs  # key[1]: the device
+
+
+class BatchReplay:
+    """A batched dequantization done again (see _fast): each item's output allocated, the
+    table of items (fixed fields kept, addresses filled in) copied to the device, one
+    launch. Called with the stream and each item's (q, params) addresses."""
+
+    __slots__ = ("outputs", "rows", "launch", "blocks")
+
+    def __init__(self, outputs, rows, launch, blocks):
+        # outputs: (shape, scalar type, bytes, row or -1) per item; rows: the table's rows
+        # with 0 for the addresses.
+        self.outputs, self.rows, self.launch, self.blocks = outputs, rows, launch, blocks
+
+    def __call__(self, stream, ptrs):
+        cp = _arrays.cupy_module()
+        alloc, nd = cp.cuda.alloc, cp.ndarray
+        results, table = [], list(self.rows)
+        for (shape, typ, nbytes, row), (qp, pp) in zip(self.outputs, ptrs):
+            res = nd(shape, typ, alloc(nbytes))
+            results.append(res)
+            if row >= 0:
+                table[row] = (qp, pp, res.data.ptr) + table[row][3:]
+        if table:
+            t = cp.asarray(np.array(table, dtype=np.uint64).view(np.int64))
+            self.launch(self.blocks, 256, stream, (t.data.ptr, len(table)))
+        return results
+
+
+def _gpu_batched(checked, out: FloatType, stream, batch=None):
     from ._arrays import outcome
 
     cp = _cp()
     device = first_device = checked[0][0].device
     with cp.cuda.Device(first_device):
         if stream is None:
-            return _run_batched(cp, checked, out, cp.cuda.get_current_stream(), device, outcome)
+            return _run_batched(cp, checked, out, cp.cuda.get_current_stream(), device, outcome,
+                                batch)
         with stream:
             return _run_batched(cp, checked, out, stream, device, outcome)
 
 
-def _run_batched(cp, checked, out, stream, device, outcome):
-    results, rows, keep = [], [], []
+def _run_batched(cp, checked, out, stream, device, outcome, batch=None):
+    """One launch for the whole list; with `batch` (the key and addresses of a batch that
+    can be replayed, `_batch_key`), the replay is kept when every item was used as given."""
+    results, rows, keep, outputs = [], [], [], []
     block = 0
+    as_given = True
     for a, p, b, sym, g in checked:
         qc, pc = contiguous(a.data), _params_ready(p.data)
+        as_given = as_given and qc is a.data and pc is p.data
         res = cp.empty(unpacked_shape(a.data.shape, b), dtype=out.numpy)
         results.append(res)
         n = res.size
+        outputs.append((res.shape, out.numpy.type, res.nbytes, len(rows) if n else -1))
         if n == 0:
             continue
         keep.append((qc, pc))
@@ -660,16 +727,20 @@ def _run_batched(cp, checked, out, stream, device, outcome):
         kind = (1 if b == 4 else 0) | (2 if sym else 0) | (4 if vec > 2 else 0)
         rows.append((qc.data.ptr, pc.data.ptr, res.data.ptr, units, d, block,
                      int(magic) | (int(shift) << 32), kind))
-        block += -(-units // (DQ_THREADS * DQ_UNROLL))
+        block += -(-units // (DQ_THREADS * DQ_UNROLL * BATCH_ROUNDS))
+    launch = None
     if rows:
         table = cp.asarray(np.array(rows, dtype=np.uint64).view(np.int64))
-        key = ("batched", out.name, device)
-        launch = _plans.get(key)
+        launch_key = ("batched", out.name, device)
+        launch = _plans.get(launch_key)
         if launch is None:
-            launch = _gpu.remember(_plans, key, _gpu.Launch(
+            launch = _gpu.remember(_plans, launch_key, _gpu.Launch(
                 _kernels.function(SRC, batched_expr(out), device), 2))
         launch(block, 256, stream, (table.data.ptr, len(rows)))
         keep.append(table)
+    if batch is not None and as_given and _fast.current_device() == device:
+        _fast.keep(batch[0], BatchReplay(tuple(outputs),
+                                         tuple((0, 0, 0) + r[3:] for r in rows), launch, block))
     return [outcome(a, r) for (a, *_rest), r in zip(checked, results)]
 
 

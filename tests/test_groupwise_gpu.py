@@ -261,6 +261,29 @@ def test_batched_matches_numpy_in_one_launch(rng, monkeypatch):
             assert_same_bits(a, b, f"item {i} to {out}")
 
 
+def test_batched_replays_match_numpy(rng, monkeypatch):
+    """Three batches of the same shapes and alignments on fresh data: the second and third
+    run the first one's replay (kept in the table), still in one launch, with the NumPy
+    backend's bits."""
+    from cuquant import _arrays, _fast, _gpu
+
+    _arrays.cupy_module()
+    monkeypatch.setattr(_fast, "_table", {})
+    sizes = [int(v) for v in rng.integers(100, 200000, 12)]
+    calls = []
+    original = _gpu.Launch.__call__
+    monkeypatch.setattr(_gpu.Launch, "__call__",
+                        lambda self, *a, **k: (calls.append(1), original(self, *a, **k))[1])
+    for call in range(3):
+        items, host = _batch(rng, sizes, (128, 24, 2048, 7))
+        calls.clear()
+        got = cq.dequantize_groupwise_batched(items, "bfloat16")
+        assert len(calls) == 1 and len(_fast._table) == 1
+        want = _numpy.dequantize_groupwise_batched(host, "bfloat16")
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_same_bits(a, b, f"call {call} item {i}")
+
+
 # ---------------------------------------------------------------------------------------
 # Arrays, views and streams
 

@@ -14,6 +14,9 @@ fresh data, so there the replays' codes are compared with the NumPy backend bit 
 
 from __future__ import annotations
 
+import contextlib
+
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -255,3 +258,46 @@ def test_replay_launches_what_the_first_call_launched(recorded, op, variant, rng
     second = second if isinstance(second, tuple) else (second,)
     assert [(o.shape, o.dtype, o.strides, o.data.ptr) for o in first] == \
         [(o.shape, o.dtype, o.strides, o.data.ptr) for o in second]
+
+
+def test_batched_replay_uploads_the_table_the_first_call_uploaded(recorded, monkeypatch, rng):
+    """A batch of CuPy items replayed: the same launch, and a table whose rows differ from
+    the first call's only by the items' new addresses; items given as dicts, or a params
+    array that had to be copied to be aligned, are never kept."""
+    mem, launches = recorded
+    tables = []
+
+    def upload(a):
+        tables.append(np.array(a))
+        return cp.ndarray(a.shape, a.dtype, mem + (1 << 32))
+
+    monkeypatch.setattr(cp, "asarray", upload)
+    monkeypatch.setattr(cp.cuda, "Device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(cp.cuda, "get_current_stream", lambda: cp.cuda.Stream.null)
+    from cuquant import dequantize_groupwise_batched
+
+    host_items = groupwise.batched_inputs(np, rng, 6, 4096)
+    first, second = ([tuple(_on_device(mem, it[:2], {}, at + 65536 * i)[0]) + tuple(it[2:])
+                      for i, it in enumerate(host_items)] for at in (1 << 30, 1 << 31))
+    out1 = dequantize_groupwise_batched(first, "float16")
+    out2 = dequantize_groupwise_batched(second, "bfloat16")   # another key: the whole way
+    out3 = dequantize_groupwise_batched(second, "float16")    # replayed
+    assert len(_fast._table) == 2 and len(launches) == 3 and len(tables) == 3
+    assert launches[2] == launches[0][:4] + ((BASE + (1 << 32), len(tables[0])),)
+    moved = {a.data.ptr: b.data.ptr for x, y in zip(first, second) for a, b in zip(x[:2], y[:2])}
+    want = tables[0].copy().view(np.uint64)
+    for row in want:
+        row[0], row[1] = moved[int(row[0])], moved[int(row[1])]
+    np.testing.assert_array_equal(tables[2].view(np.uint64), want)
+    assert [(o.shape, o.dtype, o.data.ptr) for o in out1] == \
+        [(o.shape, o.dtype, o.data.ptr) for o in out3]
+    assert [o.dtype for o in out2] == [np.dtype(ml_dtypes.bfloat16)] * len(out2)
+    n = len(_fast._table)
+    dequantize_groupwise_batched([dict(zip(groupwise._ITEM_KEYS, it)) for it in second],
+                                 "float16")
+    odd = cp.ndarray(second[0][1].shape, np.float32, second[0][1].data + 4)  # 4 bytes off
+    monkeypatch.setattr(cp.ndarray, "copy",  # the realignment copy, as a new array
+                        lambda self: cp.ndarray(self.shape, self.dtype, self.data))
+    dequantize_groupwise_batched([(second[0][0], odd) + second[0][2:]] + second[1:],
+                                 "float16")
+    assert len(_fast._table) == n
