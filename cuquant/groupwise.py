@@ -398,19 +398,27 @@ def _params_ready(p):
     return p if p.data.ptr % 8 == 0 else p.copy()
 
 
-def _gpu_dequantize(stream, q, params, bits, sym, g, out):
-    qc, pc = contiguous(q), _params_ready(params)
+def dequantize_to_new(stream, src: str, codes: str, out: FloatType, bits: int, g: int, q, p0,
+                      p1, unroll: int, given: bool):
+    """Dequantize the C-contiguous codes q into a new array (what _gpu.run expects back),
+    `unroll` units a thread. `given`: q, p0 and p1 are the caller's own arrays (no copies),
+    so the call's replay is offered (see _fast)."""
     key = ("dq-outputs", q.shape, bits, out.name)
     outputs = _plans.get(key)
     if outputs is None:
         outputs = _gpu.remember(_plans, key,
                                 _gpu.Outputs((unpacked_shape(q.shape, bits), out.numpy)))
     (res,) = outputs.make()
-    plan = launch_dequantize(stream, SRC, _ds_codes(bits, sym), out, bits, g, qc, pc, None, res,
-                             DQ_UNROLL)
-    if plan is not None and qc is q and pc is params and _fast.wanted():
+    plan = launch_dequantize(stream, src, codes, out, bits, g, q, p0, p1, res, unroll)
+    if plan is not None and given and _fast.wanted():
         _fast.offer(DequantizeReplay(outputs, plan))
     return (res,), False
+
+
+def _gpu_dequantize(stream, q, params, bits, sym, g, out):
+    qc, pc = contiguous(q), _params_ready(params)
+    return dequantize_to_new(stream, SRC, _ds_codes(bits, sym), out, bits, g, qc, pc, None,
+                             DQ_UNROLL, qc is q and pc is params)
 
 
 # ---------------------------------------------------------------------------------------

@@ -29,12 +29,10 @@ import numpy as np
 
 from . import _fast, _gpu, _numpy
 from ._dtypes import FLOATS, HALVES, UINT4, UINT8, FloatType
-from ._numpy.groupwise import unpacked_shape
 from ._numpy.zero_point import random_bits
 from ._op import HOST, contiguous, host_results, intake, out_dtype, run_gpu, same_place, stream_of, v
-from .groupwise import (BITS, DequantizeReplay, QuantizeReplay, check_bits, check_group_size,
-                        dequant_expr, general_vec, launch_dequantize, launch_quantize,
-                        quant_specializations)
+from .groupwise import (BITS, QuantizeReplay, check_bits, check_group_size, dequant_expr,
+                        dequantize_to_new, general_vec, launch_quantize, quant_specializations)
 
 SRC = "zero_point.cu"
 ROUNDINGS = ("nearest", "stochastic")
@@ -107,17 +105,8 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
 
 def _gpu_dequantize(stream, q, scales, zeros, ts, bits, g, out):
     qc, sc, zc = contiguous(q), contiguous(scales), contiguous(zeros)
-    key = (q.shape, bits, out.name)
-    outputs = _outputs.get(key)
-    if outputs is None:
-        outputs = _gpu.remember(_outputs, key,
-                                _gpu.Outputs((unpacked_shape(q.shape, bits), out.numpy)))
-    (res,) = outputs.make()
-    plan = launch_dequantize(stream, SRC, _zp_codes(bits, ts), out, bits, g, qc, sc, zc, res,
-                             DQ_UNROLL)
-    if plan is not None and qc is q and sc is scales and zc is zeros and _fast.wanted():
-        _fast.offer(DequantizeReplay(outputs, plan))
-    return (res,), False
+    return dequantize_to_new(stream, SRC, _zp_codes(bits, ts), out, bits, g, qc, sc, zc,
+                             DQ_UNROLL, qc is q and sc is scales and zc is zeros)
 
 
 # ---------------------------------------------------------------------------------------
