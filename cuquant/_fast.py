@@ -113,9 +113,7 @@ def _first(op, key, args, kwargs):
         if outer is not None:  # a call inside another: the outer one is not one launch
             outer.append(None)
     if len(offers) == 1 and offers[0] is not None:
-        if len(_table) >= PLAN_LIMIT:
-            _table.clear()
-        _table[key] = offers[0]
+        keep(key, offers[0])
     return result
 
 
