@@ -117,11 +117,6 @@ def _first(op, key, args, kwargs):
     return result
 
 
-def wanted() -> bool:
-    """Whether a call in progress would keep an offered replay (build one only then)."""
-    return getattr(_tls, "offers", None) is not None
-
-
 def offer(replay) -> None:
     """A launcher has done a call's work: `replay(stream, ptrs)` does it again for arrays at
     other addresses (ptrs: the addresses of the call's CuPy arrays, in argument order).
@@ -163,5 +158,5 @@ def clear() -> None:
     _table.clear()
 
 
-__all__ = ["replayable", "offer", "wanted", "enable", "clear", "plain", "replay_of", "keep",
+__all__ = ["replayable", "offer", "enable", "clear", "plain", "replay_of", "keep",
            "current_device", "current_stream", "PLAN_LIMIT"]

@@ -21,6 +21,7 @@ This module also holds the GPU launchers of cuda_src/groups.cuh, which zero_poin
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
@@ -215,58 +216,47 @@ def _quant_plan(src, fmt, t, vec, geom, device):
     return plan
 
 
-def launch_quantize(stream, src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, q,
-                    p0, p1=None, deq=None, rbits=None, mode: int = 0, seed: int = 0,
-                    big: bool = True, hold: int = 0) -> None:
-    """Run quantize_groups over the C-contiguous x (n elements, n % g == 0) into the
-    allocated outputs; returns the launch plan (None when there is nothing to do). The fast path needs g to be a multiple of a 16-byte unit and 16-byte
-    aligned x (and rbits); otherwise units are one byte of codes and a chunk is two groups
-    when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on the
-    device at once. `hold`: units a thread of the staged kernel (0: STAGED["hold"]). What a
-    problem needs is worked out once (`_problem_plan`)."""
+def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbits=None,
+                  big: bool = True, hold: int = 0):
+    """The launch plan of quantize_groups over the C-contiguous x (n elements, n % g == 0),
+    None when x is empty. The fast path needs g to be a multiple of a 16-byte unit and
+    16-byte aligned x (and rbits); otherwise units are one byte of codes and a chunk is two
+    groups when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on
+    the device at once. `hold`: units a thread of the staged kernel (0: STAGED["hold"]).
+    What a problem needs is worked out once (`_problem_plan`)."""
     n = x.size
     if n == 0:
         return None
-    xp = x.data.ptr
-    rp = 0 if rbits is None else rbits.data.ptr
-    key = ("quant-problem", src, bits, t.name, n, g, (xp | rp) % 16 == 0, big, hold,
-           x.data.device_id)
+    aligned = (x.data.ptr | (0 if rbits is None else rbits.data.ptr)) % 16 == 0
+    key = ("quant-problem", src, bits, t.name, n, g, aligned, big, hold, x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         plan = _gpu.remember(_plans, key, _problem_plan(
-            src, fmt_of_bits(bits), t, bits, n, g, (xp | rp) % 16 == 0, big,
-            hold or STAGED["hold"], x.data.device_id))
-    launch, grid, threads, head, tail = plan
-    launch(grid, threads, stream, launch_args(head, tail, xp, q.data.ptr, p0.data.ptr, _ptr(p1),
-                                              _ptr(deq), rp, mode, seed))
+            src, fmt_of_bits(bits), t, bits, n, g, aligned, big, hold or STAGED["hold"],
+            x.data.device_id))
     return plan
 
 
-def launch_args(head, tail, xp, qp, p0p, p1p, deqp, rp, mode, seed):
-    """quantize_groups' arguments: x, the outputs (0 for those a format lacks), rbits, the
-    plan's head (the problem), the rounding mode, the seed's halves, the plan's tail (the
-    staged kernel's ring)."""
-    return (xp, qp, p0p, p1p, deqp, rp) + head + (mode, seed & 0xFFFFFFFF, seed >> 32) + tail
+class QuantizeRun:
+    """One group-wise quantizer call from the stream and the input addresses (x's, and
+    rbits' for caller-given words): its outputs made, then the plan's launch. The whole way
+    runs it, and _fast keeps it as the replay of repeated calls."""
 
+    __slots__ = ("outputs", "plan", "mode", "seed")
 
-class QuantizeReplay:
-    """A group-wise quantizer call done again (see _fast): outputs made, then the plan's
-    launch, with nearest or caller-word rounding; ptrs are x's address and, for caller
-    words, rbits'."""
-
-    __slots__ = ("outputs", "plan", "mode")
-
-    def __init__(self, outputs, plan, mode: int):
-        self.outputs, self.plan, self.mode = outputs, plan, mode
+    def __init__(self, outputs, plan, mode: int, seed: int = 0):
+        self.outputs, self.plan, self.mode, self.seed = outputs, plan, mode, seed
 
     def __call__(self, stream, ptrs):
         out = self.outputs.make()
-        q, p0 = out[0], out[1]
+        # Formats without a second parameter array or a reconstruction get null pointers.
         p1p, deqp = (out[2].data.ptr, out[3].data.ptr) if len(out) == 4 else (0, 0)
         launch, grid, threads, head, tail = self.plan
+        seed = self.seed
         launch(grid, threads, stream,
-               launch_args(head, tail, ptrs[0], q.data.ptr, p0.data.ptr, p1p, deqp,
-                           ptrs[1] if len(ptrs) > 1 else 0, self.mode, 0))
+               (ptrs[0], out[0].data.ptr, out[1].data.ptr, p1p, deqp,
+                ptrs[1] if len(ptrs) > 1 else 0) + head
+               + (self.mode, seed & 0xFFFFFFFF, seed >> 32) + tail)
         return out
 
 
@@ -320,7 +310,7 @@ BATCH_ROUNDS = 8  # rounds of DQ_UNROLL units a thread of the batched kernel (gr
 DQ_THREADS = 256
 
 
-def dequant_plan(n: int, g: int, bits: int, out: FloatType, q, *params):
+def dequant_units(n: int, g: int, bits: int, out: FloatType, q, *params):
     """(vec, units, divisor) of a dequantization: the fast path (16 bytes of output a unit)
     wants g a multiple of the unit, codes aligned to their bytes of a unit and 8-byte
     aligned parameters."""
@@ -332,30 +322,27 @@ def dequant_plan(n: int, g: int, bits: int, out: FloatType, q, *params):
     return vec, n // vec, g
 
 
-def launch_dequantize(stream, src: str, codes: str, out: FloatType, bits: int, g: int, q, p0,
-                      p1, res, unroll: int):
-    """Dequantize q into the allocated res; returns the launch plan (None: nothing to do)."""
-    n = res.size
-    if n == 0:
-        return None
+def dequantize_plan(src: str, codes: str, out: FloatType, bits: int, g: int, n: int, q, p0,
+                    p1, unroll: int):
+    """The launch plan of dequantize_groups for n elements of output from the codes q and
+    parameters p0 (and p1), `unroll` units a thread."""
     qp, pp = q.data.ptr, p0.data.ptr
     key = ("dequant-problem", src, codes, out.name, bits, n, g, qp % 16,
            p1 is not None or pp % 8 == 0, unroll, q.data.device_id)
     plan = _plans.get(key)
     if plan is None:
-        vec, units, d = dequant_plan(n, g, bits, out, q, *([p0] if p1 is None else []))
+        vec, units, d = dequant_units(n, g, bits, out, q, *([p0] if p1 is None else []))
         fn = _kernels.function(src, dequant_expr(codes, out, vec, unroll), q.data.device_id)
         grid = min(-(-units // (DQ_THREADS * unroll)), 1 << 20)
         plan = _gpu.remember(_plans, key, (_gpu.Launch(fn, 8), grid,
                                            (units, d) + tuple(_gpu.fastdiv(d))))
-    launch, grid, tail = plan
-    launch(grid, DQ_THREADS, stream, (qp, pp, _ptr(p1), res.data.ptr) + tail)
     return plan
 
 
-class DequantizeReplay:
-    """A group-wise dequantizer call done again (see _fast); ptrs: the codes and one or two
-    parameter arrays."""
+class DequantizeRun:
+    """One group-wise dequantizer call from the stream and the addresses of the codes and
+    one or two parameter arrays: its output made, then the plan's launch. The whole way
+    runs it, and _fast keeps it as the replay of repeated calls."""
 
     __slots__ = ("outputs", "plan")
 
@@ -385,11 +372,13 @@ def _gpu_quantize(stream, x, t, bits, sym, g):
         outputs = _gpu.remember(_plans, key, _gpu.Outputs(
             (packed_shape(x.shape, bits), code_dtype(bits)),
             ((x.size // g, 1 if sym else 2), _F32)))
-    q, params = outputs.make()
-    plan = launch_quantize(stream, SRC, _ds_format, xc, t, bits, g, q, params, mode=int(sym))
-    if plan is not None and xc is x and _fast.wanted():
-        _fast.offer(QuantizeReplay(outputs, plan, int(sym)))
-    return (q, params), False
+    plan = quantize_plan(SRC, _ds_format, xc, t, bits, g)
+    if plan is None:
+        return outputs.make(), False
+    run = QuantizeRun(outputs, plan, int(sym))
+    if xc is x:
+        _fast.offer(run)
+    return run(stream, (xc.data.ptr,)), False
 
 
 def _params_ready(p):
@@ -408,11 +397,13 @@ def dequantize_to_new(stream, src: str, codes: str, out: FloatType, bits: int, g
     if outputs is None:
         outputs = _gpu.remember(_plans, key,
                                 _gpu.Outputs((unpacked_shape(q.shape, bits), out.numpy)))
-    (res,) = outputs.make()
-    plan = launch_dequantize(stream, src, codes, out, bits, g, q, p0, p1, res, unroll)
-    if plan is not None and given and _fast.wanted():
-        _fast.offer(DequantizeReplay(outputs, plan))
-    return (res,), False
+    n = math.prod(outputs.parts[0][0])
+    if n == 0:
+        return outputs.make(), False
+    run = DequantizeRun(outputs, dequantize_plan(src, codes, out, bits, g, n, q, p0, p1, unroll))
+    if given:
+        _fast.offer(run)
+    return (run(stream, (q.data.ptr, p0.data.ptr, 0 if p1 is None else p1.data.ptr)),), False
 
 
 def _gpu_dequantize(stream, q, params, bits, sym, g, out):
@@ -674,10 +665,11 @@ def _batch_key(items, dtype):
     return (dequantize_groupwise_batched, device, tuple(parts)), ptrs  # key[1]: the device
 
 
-class BatchReplay:
-    """A batched dequantization done again (see _fast): each item's output allocated, the
-    table of items (fixed fields kept, addresses filled in) copied to the device, one
-    launch. Called with the stream and each item's (q, params) addresses."""
+class BatchRun:
+    """One batched dequantization from the stream and each item's (q, params) addresses:
+    each item's output allocated, the table of items (fixed fields kept, addresses filled
+    in) copied to the device, one launch. The whole way runs it, and _fast keeps it as the
+    replay of repeated batches."""
 
     __slots__ = ("outputs", "rows", "launch", "blocks")
 
@@ -705,51 +697,53 @@ def _gpu_batched(checked, out: FloatType, stream, batch=None):
     from ._arrays import outcome
 
     cp = _cp()
-    device = first_device = checked[0][0].device
-    with cp.cuda.Device(first_device):
+    device = checked[0][0].device
+    with cp.cuda.Device(device):
         if stream is None:
-            return _run_batched(cp, checked, out, cp.cuda.get_current_stream(), device, outcome,
-                                batch)
-        with stream:
-            return _run_batched(cp, checked, out, stream, device, outcome)
+            results = _run_batched(checked, out, cp.cuda.get_current_stream(), device, batch)
+        else:
+            with stream:
+                results = _run_batched(checked, out, stream, device)
+    return [outcome(a, r) for (a, *_rest), r in zip(checked, results)]
 
 
-def _run_batched(cp, checked, out, stream, device, outcome, batch=None):
-    """One launch for the whole list; with `batch` (the key and addresses of a batch that
-    can be replayed, `_batch_key`), the replay is kept when every item was used as given."""
-    results, rows, keep, outputs = [], [], [], []
+def _run_batched(checked, out, stream, device, batch=None):
+    """Plan the whole list as one launch and run it; with `batch` (the key and addresses of
+    a batch that can be replayed, `_batch_key`), the run is kept when every item was used
+    as given."""
+    rows, outputs, ptrs, held = [], [], [], []
     block = 0
     as_given = True
     for a, p, b, sym, g in checked:
         qc, pc = contiguous(a.data), _params_ready(p.data)
         as_given = as_given and qc is a.data and pc is p.data
-        res = cp.empty(unpacked_shape(a.data.shape, b), dtype=out.numpy)
-        results.append(res)
-        n = res.size
-        outputs.append((res.shape, out.numpy.type, res.nbytes, len(rows) if n else -1))
+        held.append((qc, pc))
+        ptrs.append((qc.data.ptr, pc.data.ptr))
+        shape = unpacked_shape(a.data.shape, b)
+        n = math.prod(shape)
+        outputs.append((shape, out.numpy.type, n * out.numpy.itemsize, len(rows) if n else -1))
         if n == 0:
             continue
-        keep.append((qc, pc))
-        vec, units, d = dequant_plan(n, g, b, out, qc, *([] if sym else [pc]))
+        vec, units, d = dequant_units(n, g, b, out, qc, *([] if sym else [pc]))
         magic, shift = _gpu.fastdiv(d)
         kind = (1 if b == 4 else 0) | (2 if sym else 0) | (4 if vec > 2 else 0)
-        rows.append((qc.data.ptr, pc.data.ptr, res.data.ptr, units, d, block,
-                     int(magic) | (int(shift) << 32), kind))
+        rows.append((0, 0, 0, units, d, block, int(magic) | (int(shift) << 32), kind))
         block += -(-units // (DQ_THREADS * DQ_UNROLL * BATCH_ROUNDS))
     launch = None
     if rows:
-        table = cp.asarray(np.array(rows, dtype=np.uint64).view(np.int64))
         launch_key = ("batched", out.name, device)
         launch = _plans.get(launch_key)
         if launch is None:
             launch = _gpu.remember(_plans, launch_key, _gpu.Launch(
                 _kernels.function(SRC, batched_expr(out), device), 2))
-        launch(block, 256, stream, (table.data.ptr, len(rows)))
-        keep.append(table)
+    run = BatchRun(tuple(outputs), tuple(rows), launch, block)
     if batch is not None and as_given and _fast.current_device() == device:
-        _fast.keep(batch[0], BatchReplay(tuple(outputs),
-                                         tuple((0, 0, 0) + r[3:] for r in rows), launch, block))
-    return [outcome(a, r) for (a, *_rest), r in zip(checked, results)]
+        _fast.keep(batch[0], run)
+    # `held` keeps the copies made above (if any) alive until the launch is queued: freed
+    # earlier, their memory could come back as this batch's outputs.
+    results = run(stream, ptrs)
+    del held
+    return results
 
 
 # ---------------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ from . import _fast, _gpu, _numpy
 from ._dtypes import FLOATS, HALVES, UINT4, UINT8, FloatType
 from ._numpy.zero_point import random_bits
 from ._op import HOST, contiguous, host_results, intake, out_dtype, run_gpu, same_place, stream_of, v
-from .groupwise import (BITS, QuantizeReplay, check_bits, check_group_size, dequant_expr,
-                        dequantize_to_new, general_vec, launch_quantize, quant_specializations)
+from .groupwise import (BITS, QuantizeRun, check_bits, check_group_size, dequant_expr,
+                        dequantize_to_new, general_vec, quant_specializations, quantize_plan)
 
 SRC = "zero_point.cu"
 ROUNDINGS = ("nearest", "stochastic")
@@ -75,12 +75,6 @@ def specializations():
 # ---------------------------------------------------------------------------------------
 # GPU
 
-def _cp():
-    from ._kernels import require_cupy
-
-    return require_cupy("cuquant")
-
-
 _outputs: dict = {}  # the outputs' layout of each problem, worked out once
 
 
@@ -93,14 +87,15 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
         outputs = _gpu.remember(_outputs, key, _gpu.Outputs(
             ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
             ((m, k // g), t.numpy), ((m, k), t.numpy)))
-    q, scales, zeros, deq = outputs.make()
     rb = None if rbits is None else contiguous(rbits)
-    plan = launch_quantize(stream, SRC, _zp_format, xc, t, bits, g, q, scales, zeros, deq, rb,
-                           mode, seed, big=False, hold=STAGED_HOLD[mode])
+    plan = quantize_plan(SRC, _zp_format, xc, t, bits, g, rb, big=False, hold=STAGED_HOLD[mode])
+    if plan is None:
+        return outputs.make(), False
+    run = QuantizeRun(outputs, plan, mode, seed)
     # Seeded calls are not kept: a seed is part of the key, and seeds change call by call.
-    if plan is not None and mode != PHILOX and xc is x and rb is rbits and _fast.wanted():
-        _fast.offer(QuantizeReplay(outputs, plan, mode))
-    return (q, scales, zeros, deq), False
+    if mode != PHILOX and xc is x and rb is rbits:
+        _fast.offer(run)
+    return run(stream, (xc.data.ptr,) if rb is None else (xc.data.ptr, rb.data.ptr)), False
 
 
 def _gpu_dequantize(stream, q, scales, zeros, ts, bits, g, out):
