@@ -9,15 +9,17 @@
 // of packed codes, with scalar accesses. The quantizer is one template over a format
 // policy F:
 //
-//   F::BITS, F::LOW_FIRST    code width and nibble order (first element in the low nibble?)
-//   F::Params                what a group needs to encode, made by F::prepare(lo, hi, ...)
-//   F::store_params          writes a group's parameters
-//   F::encode<CAREFUL, ALT>  one element to its code (and its reconstruction, when the
-//                            format returns one); CAREFUL handles groups whose arithmetic
-//                            can meet NaN (non-finite statistics or multipliers); ALT is
-//                            the format's second variant (symmetric, stochastic), chosen
-//                            once a launch by F::alternate(args)
-//   F::random                the random words of a unit (stochastic rounding)
+//   F::BITS, F::LOW_FIRST       code width and nibble order (first element in the low
+//                               nibble?)
+//   F::Params                   what a group needs to encode, made by F::prepare(lo, hi, ...)
+//   F::store_params             writes a group's parameters
+//   F::encode<CAREFUL, ALT, T>  one element (of input type T) to its code (and its
+//                               reconstruction, when the format returns one); CAREFUL
+//                               handles groups whose arithmetic can meet NaN (non-finite
+//                               statistics or multipliers); ALT is the format's second
+//                               variant (symmetric, stochastic), chosen once a launch by
+//                               F::alternate(args)
+//   F::random                   the random words of a unit (stochastic rounding)
 //
 // Group statistics are the NaN-propagating minimum and maximum, taken with PTX
 // max.NaN / min.NaN (IEEE 754-2019 maximum / minimum: a NaN wins, -0 < +0), on two 16-bit
@@ -244,22 +246,38 @@ __device__ __forceinline__ Vec<T, VEC> round_unit(const float* f) {
     return o;
 }
 
+// The bits of a where mask has ones, of b elsewhere, in one instruction.
+__device__ __forceinline__ u32 bit_select(u32 a, u32 b, u32 mask) {
+    u32 r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xE2;" : "=r"(r) : "r"(a), "r"(mask), "r"(b));
+    return r;
+}
+
 // Codes of a unit (their low BITS bits) to memory: 8-bit codes at q[e], 4-bit codes two a
-// byte at q[e / 2], the first of a pair in the low nibble when LOW_FIRST.
+// byte at q[e / 2], the first of a pair in the low nibble when LOW_FIRST; e = base + el.
+// base and el are even for 4-bit codes (a chunk and a unit start on whole bytes), so that
+// the address of a chunk's codes is worked out once, not a unit at a time.
 template <int BITS, bool LOW_FIRST, int VEC>
-__device__ __forceinline__ void store_codes(u8* q, i64 e, const u32 (&r)[VEC]) {
+__device__ __forceinline__ void store_codes(u8* q, i64 base, i64 el, const u32 (&r)[VEC]) {
+    q += BITS == 8 ? base : base >> 1;
     if constexpr (BITS == 8) {
         if constexpr (VEC == 8) {
             Vec<u32, 2> w;
             w.v[0] = pack_bytes(r[0], r[1], r[2], r[3]);
             w.v[1] = pack_bytes(r[4], r[5], r[6], r[7]);
-            store_vec<u32, 2>(reinterpret_cast<u32*>(q + e), w);
+            store_vec<u32, 2>(reinterpret_cast<u32*>(q + el), w);
         } else if constexpr (VEC == 4) {
-            *reinterpret_cast<u32*>(q + e) = pack_bytes(r[0], r[1], r[2], r[3]);
+            *reinterpret_cast<u32*>(q + el) = pack_bytes(r[0], r[1], r[2], r[3]);
         } else {
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) q[e + k] = (u8)r[k];
+            for (int k = 0; k < VEC; ++k) q[el + k] = (u8)r[k];
         }
+    } else if constexpr (VEC == 8) {
+        // The first and the second elements of the pairs, a byte each, then one shift and
+        // one bit select (against a shift and a select a pair).
+        const u32 first = pack_bytes(r[0], r[2], r[4], r[6]), second = pack_bytes(r[1], r[3], r[5], r[7]);
+        *reinterpret_cast<u32*>(q + (el >> 1)) = LOW_FIRST ? bit_select(second << 4, first, 0xf0f0f0f0u)
+                                                          : bit_select(first << 4, second, 0xf0f0f0f0u);
     } else {
         static_assert(VEC % 2 == 0, "4-bit units hold whole bytes");
         u32 t[VEC / 2];
@@ -267,13 +285,11 @@ __device__ __forceinline__ void store_codes(u8* q, i64 e, const u32 (&r)[VEC]) {
         for (int j = 0; j < VEC / 2; ++j)
             t[j] = LOW_FIRST ? ((r[2 * j] & 0xfu) | (r[2 * j + 1] << 4))
                              : ((r[2 * j] << 4) | (r[2 * j + 1] & 0xfu));
-        if constexpr (VEC == 8) {
-            *reinterpret_cast<u32*>(q + e / 2) = pack_bytes(t[0], t[1], t[2], t[3]);
-        } else if constexpr (VEC == 4) {
-            *reinterpret_cast<u16*>(q + e / 2) = (u16)prmt(t[0], t[1], 0x0040u);
+        if constexpr (VEC == 4) {
+            *reinterpret_cast<u16*>(q + (el >> 1)) = (u16)prmt(t[0], t[1], 0x0040u);
         } else {
 #pragma unroll
-            for (int j = 0; j < VEC / 2; ++j) q[e / 2 + j] = (u8)t[j];
+            for (int j = 0; j < VEC / 2; ++j) q[(el >> 1) + j] = (u8)t[j];
         }
     }
 }
@@ -368,12 +384,12 @@ __device__ __forceinline__ void emit_unit(const Vec<T, VEC>& xv, const typename 
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
         if (NSUB == 2 && el + k >= a.G) {
-            r[k] = F::template encode<CAREFUL, ALT>(to_f32(xv.v[k]), prm[NSUB - 1], rnd[k], d[k]);
+            r[k] = F::template encode<CAREFUL, ALT, T>(to_f32(xv.v[k]), prm[NSUB - 1], rnd[k], d[k]);
         } else {
-            r[k] = F::template encode<CAREFUL, ALT>(to_f32(xv.v[k]), prm[0], rnd[k], d[k]);
+            r[k] = F::template encode<CAREFUL, ALT, T>(to_f32(xv.v[k]), prm[0], rnd[k], d[k]);
         }
     }
-    store_codes<F::BITS, F::LOW_FIRST, VEC>(q, e, r);
+    store_codes<F::BITS, F::LOW_FIRST, VEC>(q, e - el, el, r);
     if constexpr (F::DEQUANT) store_unit<T, VEC>(deq + e, round_unit<T, VEC>(d));
 }
 
@@ -542,9 +558,11 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
         stage_run(x, g0 * G, g1 * G, stage, cp);
     };
     auto consume = [&](i64 c, u8* stage) {
-        const i64 g0 = c * gpc, n = groups - g0 < gpc ? groups - g0 : gpc;
-        for (i64 b = 0; b < n; b += TEAMS) {
-            const i64 gi = b + team, off = (g0 + gi) * G;
+        const i64 g0 = c * gpc;
+        const int n = (int)(groups - g0 < gpc ? groups - g0 : gpc);   // at most a stage's groups
+        for (int b = 0; b < n; b += TEAMS) {
+            const int gi = b + team;
+            const i64 off = (g0 + gi) * G;
             const int len = gi < n ? (int)G : 0;
             const T* gx = reinterpret_cast<const T*>(stage) + gi * G;
             Vec<T, VEC> buf[UPT];
@@ -565,6 +583,94 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
                 const int el = (lane + j * TEAM) * VEC;
                 if (el < len) emit_unit_any<F, T, VEC, 1>(buf[j], prm, el, off + el, a, rbits, q, deq);
             }
+        }
+    };
+    run_staged((groups + gpc - 1) / gpc, stages, stage_bytes, 0u, produce, consume);
+}
+
+// The same, for small groups, in two passes over the stage. Each thread holding a group's
+// units for its whole quantization leaves it 8 * UPT elements of a group: with UPT = 4, a
+// group's statistics, parameters and bookkeeping were as many instructions as its codes.
+// Here a warp takes GPW = (32 / TEAM) * ITER groups at a time: teams of TEAM threads
+// reduce them, ITER groups a team, then each lane prepares one group's parameters, and the
+// warp reads the units again from the stage, lane after lane, and writes their codes.
+// G must be TEAM * UPT units.
+template <class F, typename T, int TEAM, int UPT, int ITER>
+__global__ void __launch_bounds__(ST_THREADS, 2)
+quantize_groups_staged2(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ p0,
+                        void* __restrict__ p1, T* __restrict__ deq, const u32* __restrict__ rbits,
+                        i64 groups, i64 G, int mode, u32 seed_lo, u32 seed_hi, i64 gpc, int stages,
+                        u32 stage_bytes) {
+    typedef MinMax<T> Acc;
+    typedef typename F::Params Params;
+    constexpr int VEC = 16 / sizeof(T), UNITS = TEAM * UPT, TPW = 32 / TEAM, GPW = TPW * ITER;
+    static_assert(TEAM <= 32 && GPW <= 32, "a warp's groups, one a lane");
+    __shared__ float stat_lo[ST_CONSUMER_WARPS][GPW], stat_hi[ST_CONSUMER_WARPS][GPW];
+    __shared__ Params prm_of[ST_CONSUMER_WARPS][GPW];
+    const QuantArgs a{groups, G, G, mode, seed_lo, seed_hi};
+    const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31, team = wl / TEAM, lane = wl % TEAM;
+    auto produce = [&](i64 c, u8* stage, const StageCopy& cp) {
+        const i64 g0 = c * gpc, g1 = g0 + gpc < groups ? g0 + gpc : groups;
+        stage_run(x, g0 * G, g1 * G, stage, cp);
+    };
+    auto consume = [&](i64 c, u8* stage) {
+        const i64 g0 = c * gpc;
+        const int n = (int)(groups - g0 < gpc ? groups - g0 : gpc);
+        const T* sx = reinterpret_cast<const T*>(stage);
+        for (int b = warp * GPW; b < n; b += ST_CONSUMER_WARPS * GPW) {
+#pragma unroll
+            for (int i = 0; i < ITER; ++i) {
+                const int gi = b + i * TPW + team;
+                Acc acc;
+                if (gi < n) {
+                    Vec<T, VEC> v[UPT];
+#pragma unroll
+                    for (int j = 0; j < UPT; ++j) v[j] = load_vec<T, VEC>(sx + (i64)gi * (UNITS * VEC) + (lane + j * TEAM) * VEC);
+#pragma unroll
+                    for (int j = 0; j < UPT; ++j) acc.add_vec(v[j]);
+                }
+                u32 w[Acc::WORDS];
+                acc.pack(w);
+                team_reduce<TEAM, Acc, Acc::WORDS>(w, nullptr);
+                if (lane == 0) {
+                    float lo, hi;
+                    Acc::unpack(w, lo, hi);
+                    stat_lo[warp][i * TPW + team] = lo;
+                    stat_hi[warp][i * TPW + team] = hi;
+                }
+            }
+            __syncwarp();
+            const int ng = n - b < GPW ? n - b : GPW;
+            if (wl < ng) {
+                const Params p = F::template prepare<T>(stat_lo[warp][wl], stat_hi[warp][wl], a);
+                prm_of[warp][wl] = p;
+                F::template store_params<T>(p, g0 + b + wl, p0, p1, a);
+            }
+            __syncwarp();
+            // Unit u of the warp's run is element u * VEC of it and belongs to its group
+            // u / UNITS; UNITS divides 32, so a lane's units keep their place in a group.
+            // (emit takes the element index from the run's start, which starts a group.)
+            static_assert(32 % UNITS == 0, "a lane's units keep their place in a group");
+            const int units = ng * UNITS;
+            const T* wx = sx + (i64)b * (UNITS * VEC);
+            const i64 e0 = (g0 + b) * (UNITS * VEC);
+            for (int u0 = 0; u0 < units; u0 += 4 * 32) {
+                Vec<T, VEC> v[4];
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int u = u0 + k * 32 + wl;
+                    if (u < units) v[k] = load_vec<T, VEC>(wx + u * VEC);
+                }
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int u = u0 + k * 32 + wl;
+                    if (u < units) {
+                        const Params pr[1] = {prm_of[warp][u0 / UNITS + k * (32 / UNITS) + wl / UNITS]};
+                        emit_unit_any<F, T, VEC, 1>(v[k], pr, (i64)u * VEC, e0 + (i64)u * VEC, a, rbits, q, deq);
+                    }
+                }
+            }
+            __syncwarp();
         }
     };
     run_staged((groups + gpc - 1) / gpc, stages, stage_bytes, 0u, produce, consume);

@@ -68,13 +68,24 @@ struct DeepSpeed {
     // out of range, while below the codes reach -2**(BITS-1) exactly.
     __device__ static __forceinline__ bool alternate(const QuantArgs& a) { return a.mode != 0; }
 
+    // The asymmetric variant of 16-bit x needs no lower clamp either. There hi + lo is
+    // exact in float32, or else the two differ in exponent by more than 12, so that
+    // hi - lo is within 2**-12 of |hi + lo|: the offset is then (hi + lo) / 2 within
+    // 2**-24 (hi - lo) (or within 2**-150, a bfloat16 subnormal half, where hi - lo >=
+    // 2**-133), and (x - offset) * mult >= -2**(BITS-1) (1 + 2**-15), which rounds to
+    // -2**(BITS-1). Float32 x can have hi + lo round by as much as hi - lo (hi = lo + one
+    // ulp), which puts lo's quotient at -2**BITS: it keeps both clamps.
+    //
     // The code in the low BITS bits of the result.
-    template <bool CAREFUL, bool SYM>
+    template <bool CAREFUL, bool SYM, typename T>
     __device__ static __forceinline__ u32 encode(float x, const Params& p, u32, float&) {
         constexpr float LO = -(float)(1 << (BITS - 1)), HI = (float)((1 << (BITS - 1)) - 1);
         float v, c;
         if constexpr (SYM && !CAREFUL) {
             v = mul_rn(x, p.mult);
+            c = fmin_num(v, HI);
+        } else if constexpr (!CAREFUL && sizeof(T) == 2) {
+            v = mul_rn(sub_rn(x, p.offset), p.mult);
             c = fmin_num(v, HI);
         } else {
             v = SYM ? mul_rn(x, p.mult) : mul_rn(sub_rn(x, p.offset), p.mult);

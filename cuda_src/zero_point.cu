@@ -118,7 +118,7 @@ struct ZeroPoint {
     // comparison: |x / s| >= 2**-26, so |x| >= 2**-51. Below, the quotient keeps its sign
     // and stays below 2**-25, which is all the results need. The sign of a zero quotient is
     // never looked at: the clamp, the rounding and the comparison treat -0 as +0.
-    template <bool CAREFUL, bool STOCH>
+    template <bool CAREFUL, bool STOCH, typename>
     __device__ static __forceinline__ u32 encode(float x, const Params& p, u32 rnd, float& d) {
         const float v = CAREFUL ? div_rn(x, p.s) : divide_fast<1>(x, p.plan);
         if (CAREFUL && is_nan(v)) {

@@ -125,12 +125,17 @@ def quant_expr(fmt: str, t: FloatType, vec: int, geom) -> str:
 
 
 # The staged quantizer (cuda_src/staged.cuh): a producer warp keeps `stages` shared-memory
-# buffers of `stage_bytes` in flight with bulk copies while eight consumer warps quantize,
-# each thread holding `hold` units of a group. Taken on sm_90 and up, on the fast path,
-# for inputs of at least `min_bytes` whose groups fit one stage. The values are the best
-# of sweeps on an H200 (benchmarks/stage_sweep.py, benchmarks/NOTES.md): two 32 KB stages
-# a block, so that three blocks share a multiprocessor.
-STAGED = {"stage_bytes": 32 * 1024, "smem_per_block": 64 * 1024, "min_bytes": 1 << 20, "hold": 4}
+# buffers of `stage_bytes` in flight with bulk copies while eight consumer warps quantize.
+# Taken on sm_90 and up, on the fast path, for inputs of at least `min_bytes` whose groups
+# fit one stage. The values are the best of sweeps on an H200 (benchmarks/stage_sweep.py,
+# benchmarks/NOTES.md): two 32 KB stages a block, so that three blocks share a
+# multiprocessor. Each thread holds `hold` units of a group (a caller's own choice, as the
+# zero-point format makes, or else this table's): `hold_large` for groups of
+# `large_units` units and more of 16-bit data. The DeepSpeed format's groups of up to 32
+# units (`two_pass`) take the kernel that reduces a warp's groups first and writes their
+# codes in a second pass over the stage.
+STAGED = {"stage_bytes": 32 * 1024, "smem_per_block": 64 * 1024, "min_bytes": 1 << 20,
+          "hold": 4, "hold_large": 8, "large_units": 64, "two_pass": True}
 STAGED_THREADS = 288
 STAGED_MAX_UNITS = 2048  # 256 threads x 8 units
 
@@ -149,22 +154,43 @@ def staged_geometry(units: int, hold: int = 4) -> tuple[int, int]:
     return team, max(hold, 1 << (-(-units // team) - 1).bit_length())
 
 
-STAGED_GEOMETRIES = tuple(sorted({staged_geometry(n, h) for h in (2, 4)
-                                  for n in range(1, STAGED_MAX_UNITS + 1)}))
+def staged_geometries(holds) -> tuple:
+    """Every staged geometry some group size takes with one of `holds`."""
+    return tuple(sorted({staged_geometry(n, h) for h in holds
+                         for n in range(1, STAGED_MAX_UNITS + 1)}))
 
 
 def quant_staged_expr(fmt: str, t: FloatType, geom) -> str:
+    if len(geom) == 3:
+        team, upt, iters = geom
+        return f"cq::quantize_groups_staged2<{fmt}, {t.cxx}, {team}, {upt}, {iters}>"
     team, upt = geom
     return f"cq::quantize_groups_staged<{fmt}, {t.cxx}, {team}, {upt}>"
 
 
-def quant_specializations(src: str, fmt_of_bits, types, big: bool = True):
+def two_pass_geometry(units: int) -> tuple[int, int, int]:
+    """(team, units a thread, groups a team) of the two-pass staged quantizer for groups of
+    `units` units, a divisor of 32: four units a thread, and a warp's groups 256 units in
+    all (a 32 KB stage over the eight consumer warps)."""
+    upt = min(4, units)
+    team = units // upt
+    return team, upt, max(1, min(32, 256 // units) // (32 // team))
+
+
+TWO_PASS_GEOMETRIES = tuple(two_pass_geometry(u) for u in (1, 2, 4, 8, 16, 32))
+
+
+def quant_specializations(src: str, fmt_of_bits, types, big: bool = True, holds=(2, 4),
+                          two_pass: bool = False):
+    """The quantizer's specializations for a format: `holds`, the staged kernel's units a
+    thread; `two_pass`, whether the format takes the two-pass staged kernel."""
+    staged = staged_geometries(holds) + (TWO_PASS_GEOMETRIES if two_pass else ())
     for t, bits in itertools.product(types, BITS):
         for geom in fast_geometries(big):
             yield src, quant_expr(fmt_of_bits(bits), t, t.vector_width, geom)
         for geom in GENERAL_GEOMETRIES:
             yield src, quant_expr(fmt_of_bits(bits), t, general_vec(bits), geom)
-        for geom in STAGED_GEOMETRIES:
+        for geom in staged:
             yield src, quant_staged_expr(fmt_of_bits(bits), t, geom)
 
 
@@ -186,7 +212,8 @@ def batched_expr(out: FloatType) -> str:
 
 def specializations():
     """Every (source, name expression) this module can launch."""
-    yield from quant_specializations(SRC, _ds_format, FLOATS.values())
+    yield from quant_specializations(SRC, _ds_format, FLOATS.values(), holds=(2, 4, 8),
+                                     two_pass=True)
     for bits, sym, out in itertools.product(BITS, (False, True), FLOATS.values()):
         for vec in (out.vector_width, general_vec(bits)):
             yield SRC, dequant_expr(_ds_codes(bits, sym), out, vec, DQ_UNROLL)
@@ -222,7 +249,7 @@ def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbi
     None when x is empty. The fast path needs g to be a multiple of a 16-byte unit and
     16-byte aligned x (and rbits); otherwise units are one byte of codes and a chunk is two
     groups when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on
-    the device at once. `hold`: units a thread of the staged kernel (0: STAGED["hold"]).
+    the device at once. `hold`: units a thread of the staged kernel (0: STAGED's choice).
     What a problem needs is worked out once (`_problem_plan`)."""
     n = x.size
     if n == 0:
@@ -232,7 +259,7 @@ def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbi
     plan = _plans.get(key)
     if plan is None:
         plan = _gpu.remember(_plans, key, _problem_plan(
-            src, fmt_of_bits(bits), t, bits, n, g, aligned, big, hold or STAGED["hold"],
+            src, fmt_of_bits(bits), t, bits, n, g, aligned, big, hold,
             x.data.device_id))
     return plan
 
@@ -292,7 +319,14 @@ def _quant_staged_plan(src, fmt, t, g, hold, device):
     key = ("quant-staged", src, fmt, t.name, g, hold, device)
     plan = _plans.get(key)
     if plan is None:
-        geom = staged_geometry(g // t.vector_width, hold)
+        units = g // t.vector_width
+        if not hold and STAGED["two_pass"] and 32 % units == 0:
+            geom = two_pass_geometry(units)
+        else:
+            if not hold:
+                large = units >= STAGED["large_units"] and t.numpy.itemsize == 2
+                hold = STAGED["hold_large"] if large else STAGED["hold"]
+            geom = staged_geometry(units, hold)
         fn = _kernels.function(src, quant_staged_expr(fmt, t, geom), device)
         stage_bytes = STAGED["stage_bytes"]
         stages = max(1, min(8, STAGED["smem_per_block"] // stage_bytes))

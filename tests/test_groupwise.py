@@ -268,19 +268,22 @@ def test_launchable_specializations_are_enumerated():
     sizes = sorted({1, 2, 3, 5, 6, 7, 24, 100, 136, 513, 4000, 20000, 65536, 131072, 300000}
                    | {1 << i for i in range(18)} | {3 << i for i in range(16)})
     for t, bits, g in itertools.product(FLOATS.values(), gw.BITS, sizes):
-        for fmt, big, types in (("cq::DeepSpeed", True, FLOATS), ("cq::ZeroPoint", False,
-                                                                  ("float16", "bfloat16"))):
+        for fmt, big, types, holds in (("cq::DeepSpeed", True, FLOATS, (2, 4, 8)),
+                                       ("cq::ZeroPoint", False, ("float16", "bfloat16"), (2, 4))):
             if t.name not in types:
                 continue
             vec = t.vector_width
             if g % vec == 0:
                 geom = gw.geometry(g // vec, True, big)
                 assert gw.quant_expr(f"{fmt}<{bits}>", t, vec, geom) in listed, (fmt, t, bits, g)
-                for hold in (2, 4):
+                for hold in holds:
                     if g // vec <= gw.STAGED_MAX_UNITS:
                         staged = gw.staged_geometry(g // vec, hold)
                         assert gw.quant_staged_expr(f"{fmt}<{bits}>", t, staged) in listed, \
                             (fmt, t, bits, g, hold)
+                if fmt == "cq::DeepSpeed" and 32 % (g // vec) == 0:
+                    two = gw.quant_staged_expr(f"{fmt}<{bits}>", t, gw.two_pass_geometry(g // vec))
+                    assert two in listed, (fmt, t, bits, g)
             length = 2 * g if bits == 4 and g % 2 else g
             vec = gw.general_vec(bits)
             geom = gw.geometry(length // vec, False, big)
@@ -294,7 +297,7 @@ def test_launchable_specializations_are_enumerated():
                                        zero_point.DQ_UNROLL) in listed
         assert gw.batched_expr(out) in listed
     n_gw, n_zp = len(list(gw.specializations())), len(list(zero_point.specializations()))
-    assert len(listed) == n_gw + n_zp and n_gw + n_zp < 520
+    assert len(listed) == n_gw + n_zp and n_gw + n_zp < 600
 
 
 # ---------------------------------------------------------------------------------------
@@ -370,3 +373,36 @@ REFUSALS = [
                          ids=[f"{r[0].__name__}-{i}" for i, r in enumerate(REFUSALS)])
 def test_refusals(fn, args, kwargs, exc, words):
     assert_refused(fn, args, kwargs, exc, words)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_asymmetric_quotients_of_16_bit_groups_need_no_lower_clamp(dtype):
+    """The kernels skip the lower clamp of asymmetric codes for 16-bit input (groupwise.cu,
+    DeepSpeed::encode): a group's smallest element, (lo - offset) * mult in float32, never
+    falls below -2**(bits-1) (1 + 2**-15), so it rounds to -2**(bits-1) unclamped. Checked
+    for lo and hi 1-64 and a few thousand values apart across every finite 16-bit value,
+    and for 2**21 random pairs; float32 input breaks it (hi = lo + one ulp), which is why
+    it keeps the clamp."""
+    t = FLOATS[dtype].numpy
+    f32 = np.float32
+    values = np.unique(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(t).astype(f32))
+    values = values[np.isfinite(values)]
+    rng = np.random.default_rng(7)
+    i, j = rng.integers(0, values.size, (2, 1 << 21))
+    pairs = [(values[:-k], values[k:]) for k in list(range(1, 65)) + [100, 1000, 5000]]
+    pairs.append((values[np.minimum(i, j)], values[np.maximum(i, j)]))
+    worst = 0.0
+    with np.errstate(all="ignore"):
+        for lo, hi in pairs:
+            for bits in (4, 8):
+                mult = np.where(hi == lo, f32(1), f32(1 << bits) / (hi - lo)).astype(f32)
+                offset = ((hi + lo) * f32(0.5)).astype(f32)
+                v = ((lo - offset).astype(f32) * mult).astype(f32)
+                kept = np.isfinite(mult) & (mult != 0) & np.isfinite(offset)  # not careful
+                worst = max(worst, float(np.max(-v[kept].astype(np.float64) / (1 << (bits - 1)))))
+    assert worst <= 1 + 2.0 ** -15, worst
+    lo = f32(1000.0001)
+    hi = np.nextafter(lo, f32(np.inf))
+    lo, hi = hi, np.nextafter(hi, f32(np.inf))     # hi + lo rounds up to 2 hi
+    v = (lo - f32((hi + lo) * f32(0.5))) * (f32(256) / (hi - lo))
+    assert v == -256.0

@@ -147,6 +147,47 @@ def test_groupwise_near_rounding_boundaries(bits, sym, rng):
         assert_same_bits(p, ph, f"g={g} params")
 
 
+def _narrow_groups(rng, groups: int, g: int, dtype) -> np.ndarray:
+    """Groups of one sign whose values lie 0-3 units of the last place above a base drawn
+    uniformly over the finite bit patterns (every binade, subnormals, binade edges), the
+    extremes present in each group."""
+    t = np.dtype(dtype)
+    u = {2: np.uint16, 4: np.uint32}[t.itemsize]
+    top = int(np.array(np.inf, dtype=t).view(u)) - 4   # below inf's pattern
+    base = rng.integers(0, top, groups, dtype=np.int64)
+    step = rng.integers(0, 4, (groups, g))
+    step[:, 0], step[:, -1] = 0, 3
+    sign = np.where(rng.random(groups) < 0.5, 0, 1 << (8 * t.itemsize - 1))
+    return ((base[:, None] + step) | sign[:, None]).astype(u).view(t)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_groupwise_narrow_groups(dtype, rng):
+    """Groups a few ulps wide. For 16-bit inputs the kernels skip the lower clamp of the
+    asymmetric codes (groupwise.cu: (x - offset) * mult cannot fall below -2**(BITS-1)
+    by more than rounding); float32 inputs keep it, and here they need it: hi + lo rounds
+    by up to hi - lo, and lo's quotient reaches -2**BITS. The staged kernel (1 MB and up)
+    and the register-held one both run."""
+    t = DTYPES[dtype]
+    for (groups, g), bits, sym in itertools.product(((64, 128), (8192, 128), (1024, 2048)),
+                                                    (4, 8), (False, True)):
+        x = _narrow_groups(rng, groups, g, t)
+        what = f"{dtype} groups={groups} g={g} bits={bits} sym={sym}"
+        q, p = cq.quantize_groupwise(dev(x), bits, sym, g)
+        qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
+        assert_same_bits(q, qh, what + " codes")
+        assert_same_bits(p, ph, what + " params")
+        if dtype == "float32" and not sym:
+            x32 = x.astype(np.float32)
+            lo, hi = x32.min(axis=1), x32.max(axis=1)
+            with np.errstate(all="ignore"):
+                mult = (np.float32(1 << bits) / (hi - lo)).astype(np.float32)
+                off = ((hi + lo) * np.float32(0.5)).astype(np.float32)
+                v = ((lo - off).astype(np.float32) * mult).astype(np.float32)
+            clamped = np.isfinite(mult) & np.isfinite(off) & (v < -(1 << (bits - 1)) - 0.5)
+            assert clamped.any(), what + ": no group needed the lower clamp"
+
+
 # ---------------------------------------------------------------------------------------
 # Zero point, nearest and stochastic
 

@@ -18,7 +18,8 @@ from test_gpu import _compare, _edges, _run_both
 pytestmark = pytest.mark.gpu
 
 CONFIGS = {"default-stages": {}, "2KB-stages": {"stage_bytes": 2048},
-           "two-units": {"hold": 2, "stage_bytes": 4096}}
+           "two-units": {"hold": 2, "hold_large": 2, "two_pass": False, "stage_bytes": 4096},
+           "one-pass": {"two_pass": False, "hold_large": 4}}
 STAGED_FAMILIES = ("groupwise", "zero_point")
 
 
@@ -54,6 +55,10 @@ def staged(monkeypatch):
     monkeypatch.setitem(groupwise.STAGED, "min_bytes", 0)
     monkeypatch.setattr(groupwise, "staged_device", lambda device: True)
     monkeypatch.setattr(groupwise, "_plans", {})
+    built = []
+    function = groupwise._kernels.function
+    monkeypatch.setattr(groupwise._kernels, "function",
+                        lambda src, expr, device: (built.append(expr), function(src, expr, device))[1])
 
     class Staged:
         @staticmethod
@@ -64,6 +69,11 @@ def staged(monkeypatch):
         @staticmethod
         def plans():
             return [k for k in groupwise._plans if k[0] == "quant-staged"]
+
+        @staticmethod
+        def kernels():
+            """The staged kernels' names the plans asked for."""
+            return [e.split("<")[0] for e in built if "staged" in e]
 
     return Staged
 
@@ -80,3 +90,10 @@ def test_staged_matches_numpy(op, variant, dtype, config, staged, rng):
             host, dev = _run_both(op, args, kwargs)
             _compare(op, host, dev, f"{op.name} {shape} {variant}")
     assert staged.plans(), f"{op.name} {variant} never took the staged kernel"
+    from cuquant import groupwise
+
+    units = variant["group_size"] * {"float32": 4}.get(dtype, 2) // 16
+    two_pass = (op.family == "groupwise" and 32 % units == 0
+                and CONFIGS[config].get("two_pass", groupwise.STAGED["two_pass"]))
+    want = "cq::quantize_groups_staged2" if two_pass else "cq::quantize_groups_staged"
+    assert set(staged.kernels()) == {want}, (config, staged.kernels())
