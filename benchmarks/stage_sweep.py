@@ -1,7 +1,8 @@
 """Sweep of the staged group quantizer's geometry at the headline shape: for every
 group-wise quantizer, the register-held kernel and the staged one under each (stage size,
-shared memory per block) pair and units a thread, as a fraction of the copy bandwidth,
-cold L2.
+shared memory per block) pair, with the library's choice of kernel and units a thread
+("policy") and with one pass and a fixed number of units a thread, as a fraction of the
+copy bandwidth, cold L2. (The zero-point format keeps its own units a thread.)
 
     python -m benchmarks.stage_sweep [--ops a,b] [--configs 32768:98304] [--holds 2,4]
 """
@@ -13,7 +14,7 @@ import json
 
 import numpy as np
 
-from cuquant import _registry, groupwise
+from cuquant import _fast, _registry, groupwise
 
 from . import harness
 from .__main__ import _bench_dtype
@@ -52,14 +53,18 @@ def main():
                      else harness.nbytes(list(args)) + harness.nbytes(out))
             cells = []
             variants = [("held", {"min_bytes": 1 << 62})]
-            for h in (int(v) for v in opts.holds.split(",")):
-                for sb, smem in configs:
+            for sb, smem in configs:
+                variants.append((f"policy {sb // 1024}K/{smem // 1024}K",
+                                 {"stage_bytes": sb, "smem_per_block": smem}))
+                for h in (int(v) for v in opts.holds.split(",")):
                     variants.append((f"h{h} {sb // 1024}K/{smem // 1024}K",
-                                     {"stage_bytes": sb, "smem_per_block": smem, "hold": h}))
+                                     {"stage_bytes": sb, "smem_per_block": smem, "hold": h,
+                                      "hold_large": h, "two_pass": False}))
             for label, cfg in variants:
                 groupwise.STAGED.update(saved)
                 groupwise.STAGED.update(cfg)
                 groupwise._plans.clear()
+                _fast.clear()  # a kept replay would run the plan it was made with
                 try:
                     ms = timer.time_ms(call, reps=opts.reps)
                     cells.append(f"{label} {moved / (ms * 1e-3) / copy_bw:.3f}")
@@ -67,6 +72,7 @@ def main():
                     cells.append(f"{label} {type(e).__name__}: {e}"[:120])
             groupwise.STAGED.update(saved)
             groupwise._plans.clear()
+            _fast.clear()
             print(f"{op.name} {json.dumps(variant)} {dtype}: " + " | ".join(cells), flush=True)
             del args, kwargs, out, outs
             cp.get_default_memory_pool().free_all_blocks()
