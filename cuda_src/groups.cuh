@@ -261,28 +261,23 @@ template <int BITS, bool LOW_FIRST, int VEC>
 __device__ __forceinline__ void store_codes(u8* q, i64 base, i64 el, const u32 (&r)[VEC]) {
     q += BITS == 8 ? base : base >> 1;
     if constexpr (BITS == 8) {
-        if constexpr (VEC == 8 || VEC == 16) {
-            Vec<u32, VEC / 4> w;
-#pragma unroll
-            for (int j = 0; j < VEC / 4; ++j) w.v[j] = pack_bytes(r[4 * j], r[4 * j + 1], r[4 * j + 2], r[4 * j + 3]);
-            store_vec<u32, VEC / 4>(reinterpret_cast<u32*>(q + el), w);
+        if constexpr (VEC == 8) {
+            Vec<u32, 2> w;
+            w.v[0] = pack_bytes(r[0], r[1], r[2], r[3]);
+            w.v[1] = pack_bytes(r[4], r[5], r[6], r[7]);
+            store_vec<u32, 2>(reinterpret_cast<u32*>(q + el), w);
         } else if constexpr (VEC == 4) {
             *reinterpret_cast<u32*>(q + el) = pack_bytes(r[0], r[1], r[2], r[3]);
         } else {
 #pragma unroll
             for (int k = 0; k < VEC; ++k) q[el + k] = (u8)r[k];
         }
-    } else if constexpr (VEC == 8 || VEC == 16) {
+    } else if constexpr (VEC == 8) {
         // The first and the second elements of the pairs, a byte each, then one shift and
         // one bit select (against a shift and a select a pair).
-        Vec<u32, VEC / 8> w;
-#pragma unroll
-        for (int j = 0; j < VEC / 8; ++j) {
-            const u32* rj = r + 8 * j;
-            const u32 first = pack_bytes(rj[0], rj[2], rj[4], rj[6]), second = pack_bytes(rj[1], rj[3], rj[5], rj[7]);
-            w.v[j] = LOW_FIRST ? bit_select(second << 4, first, 0xf0f0f0f0u) : bit_select(first << 4, second, 0xf0f0f0f0u);
-        }
-        store_vec<u32, VEC / 8>(reinterpret_cast<u32*>(q + (el >> 1)), w);
+        const u32 first = pack_bytes(r[0], r[2], r[4], r[6]), second = pack_bytes(r[1], r[3], r[5], r[7]);
+        *reinterpret_cast<u32*>(q + (el >> 1)) = LOW_FIRST ? bit_select(second << 4, first, 0xf0f0f0f0u)
+                                                          : bit_select(first << 4, second, 0xf0f0f0f0u);
     } else {
         static_assert(VEC % 2 == 0, "4-bit units hold whole bytes");
         u32 t[VEC / 2];
@@ -598,8 +593,8 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
 // group's statistics, parameters and bookkeeping were as many instructions as its codes.
 // Here a warp takes GPW = (32 / TEAM) * ITER groups at a time: teams of TEAM threads
 // reduce them, ITER groups a team, then each lane prepares one group's parameters, and the
-// warp reads the units again from the stage, two adjacent units a lane, lane after lane,
-// and writes their codes. G must be TEAM * UPT units.
+// warp reads the units again from the stage, lane after lane, and writes their codes.
+// G must be TEAM * UPT units.
 template <class F, typename T, int TEAM, int UPT, int ITER>
 __global__ void __launch_bounds__(ST_THREADS, 2)
 quantize_groups_staged2(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ p0,
@@ -652,29 +647,26 @@ quantize_groups_staged2(const T* __restrict__ x, u8* __restrict__ q, void* __res
                 F::template store_params<T>(p, g0 + b + wl, p0, p1, a);
             }
             __syncwarp();
-            // A lane writes W adjacent units of a group at a time (one parameter load, one
-            // test for the careful path, one store); span s of the warp's run is element
-            // s * WV of it and belongs to group s / SPG. SPG divides 32, so a lane's spans
-            // keep their place in a group. (emit takes the element index from the run's
-            // start, which starts a group.)
-            constexpr int W = UNITS >= 2 ? 2 : 1, WV = W * VEC, SPG = UNITS / W;
-            static_assert(32 % SPG == 0, "a lane's spans keep their place in a group");
-            const int spans = ng * SPG;
+            // Unit u of the warp's run is element u * VEC of it and belongs to its group
+            // u / UNITS; UNITS divides 32, so a lane's units keep their place in a group.
+            // (emit takes the element index from the run's start, which starts a group.)
+            static_assert(32 % UNITS == 0, "a lane's units keep their place in a group");
+            const int units = ng * UNITS;
             const T* wx = sx + (i64)b * (UNITS * VEC);
             const i64 e0 = (g0 + b) * (UNITS * VEC);
-            for (int s0 = 0; s0 < spans; s0 += 2 * 32) {
-                Vec<T, WV> v[2];
+            for (int u0 = 0; u0 < units; u0 += 4 * 32) {
+                Vec<T, VEC> v[4];
 #pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    const int sp = s0 + k * 32 + wl;
-                    if (sp < spans) v[k] = load_unit<T, WV>(wx + sp * WV);
+                for (int k = 0; k < 4; ++k) {
+                    const int u = u0 + k * 32 + wl;
+                    if (u < units) v[k] = load_vec<T, VEC>(wx + u * VEC);
                 }
 #pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    const int sp = s0 + k * 32 + wl;
-                    if (sp < spans) {
-                        const Params pr[1] = {prm_of[warp][s0 / SPG + k * (32 / SPG) + wl / SPG]};
-                        emit_unit_any<F, T, WV, 1>(v[k], pr, (i64)sp * WV, e0 + (i64)sp * WV, a, rbits, q, deq);
+                for (int k = 0; k < 4; ++k) {
+                    const int u = u0 + k * 32 + wl;
+                    if (u < units) {
+                        const Params pr[1] = {prm_of[warp][u0 / UNITS + k * (32 / UNITS) + wl / UNITS]};
+                        emit_unit_any<F, T, VEC, 1>(v[k], pr, (i64)u * VEC, e0 + (i64)u * VEC, a, rbits, q, deq);
                     }
                 }
             }
