@@ -4,8 +4,9 @@ consumer warps quantize; cuda_src/staged.cuh) against the NumPy backend, bit for
 Every group-wise quantizer runs with each variant whose groups fit a stage, with edge rows
 (zeros, infinities, subnormals, -0, NaN), under the default stages, under 2 KB stages that
 make every block wrap its ring many times and make chunks of a single group, and with two
-units a thread. The size threshold is lifted so that small inputs take the staged kernel
-too, and each case checks that it ran."""
+units a thread; and every geometry the DeepSpeed format's plan can pick, from groups of one
+16-byte unit to groups that fill a stage. The size threshold is lifted so that small
+inputs take the staged kernel too, and each case checks which kernel ran."""
 
 from __future__ import annotations
 
@@ -71,9 +72,9 @@ def staged(monkeypatch):
             return [k for k in groupwise._plans if k[0] == "quant-staged"]
 
         @staticmethod
-        def kernels():
-            """The staged kernels' names the plans asked for."""
-            return [e.split("<")[0] for e in built if "staged" in e]
+        def kernels(full: bool = False):
+            """The staged kernels the plans asked for: names, or whole expressions."""
+            return [e if full else e.split("<")[0] for e in built if "staged" in e]
 
     return Staged
 
@@ -97,3 +98,38 @@ def test_staged_matches_numpy(op, variant, dtype, config, staged, rng):
                 and CONFIGS[config].get("two_pass", groupwise.STAGED["two_pass"]))
     want = "cq::quantize_groups_staged2" if two_pass else "cq::quantize_groups_staged"
     assert set(staged.kernels()) == {want}, (config, staged.kernels())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_staged_geometry(dtype, bits, staged, rng):
+    """Each geometry the plan picks for the DeepSpeed format, groups of 1 to 2048 16-byte
+    units: the two-pass kernel up to 32 units, one pass above (8 units a thread for 16-bit
+    data, 4 for float32), three stages' worth of groups with edge values each, both
+    symmetries, against the NumPy backend bit for bit."""
+    import cuquant as cq
+    from _util import assert_same_bits
+    from cuquant import _numpy, groupwise
+    from test_groupwise_gpu import DTYPES, dev, edge_values
+
+    t = DTYPES[dtype]
+    size = np.dtype(t).itemsize
+    vec = 16 // size
+    fmt = f"cq::DeepSpeed<{bits}>"
+    for units in (1 << i for i in range(12)):
+        g = units * vec
+        groups = 3 * (groupwise.STAGED["stage_bytes"] // (g * size))
+        x = edge_values(rng, groups * g, t, g).reshape(groups, g)
+        for sym in (False, True):
+            what = f"{dtype} bits={bits} sym={sym} g={g}"
+            q, p = cq.quantize_groupwise(dev(x), bits, sym, g)
+            qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
+            assert_same_bits(q, qh, what + " codes")
+            assert_same_bits(p, ph, what + " params")
+        if 32 % units == 0:
+            geom = groupwise.two_pass_geometry(units)
+        else:
+            hold = groupwise.STAGED["hold_large" if units >= 64 and size == 2 else "hold"]
+            geom = groupwise.staged_geometry(units, hold)
+        want = groupwise.quant_staged_expr(fmt, groupwise.FLOATS[dtype], geom)
+        assert staged.kernels(full=True)[-1] == want, (units, staged.kernels(full=True)[-2:])
