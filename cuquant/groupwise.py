@@ -161,11 +161,10 @@ def staged_geometries(holds) -> tuple:
 
 
 def quant_staged_expr(fmt: str, t: FloatType, geom) -> str:
-    if len(geom) == 3:
-        team, upt, iters = geom
-        return f"cq::quantize_groups_staged2<{fmt}, {t.cxx}, {team}, {upt}, {iters}>"
-    team, upt = geom
-    return f"cq::quantize_groups_staged<{fmt}, {t.cxx}, {team}, {upt}>"
+    """The staged kernel of a geometry: (team, units a thread) holds each group from its
+    statistics to its codes, (team, units a thread, groups a team) takes two passes."""
+    team, upt, iters = geom if len(geom) == 3 else geom + (0,)
+    return f"cq::quantize_groups_staged<{fmt}, {t.cxx}, {team}, {upt}, {iters}>"
 
 
 def two_pass_geometry(units: int) -> tuple[int, int, int]:
@@ -178,6 +177,18 @@ def two_pass_geometry(units: int) -> tuple[int, int, int]:
 
 
 TWO_PASS_GEOMETRIES = tuple(two_pass_geometry(u) for u in (1, 2, 4, 8, 16, 32))
+
+
+def staged_choice(units: int, t: FloatType, hold: int = 0) -> tuple:
+    """The staged geometry for groups of `units` units of t: the caller's `hold` units a
+    thread, or else STAGED's choice (two passes for groups of up to 32 units, `hold_large`
+    units a thread for large groups of 16-bit data, `hold` otherwise)."""
+    if not hold:
+        if STAGED["two_pass"] and 32 % units == 0:
+            return two_pass_geometry(units)
+        large = units >= STAGED["large_units"] and t.numpy.itemsize == 2
+        hold = STAGED["hold_large"] if large else STAGED["hold"]
+    return staged_geometry(units, hold)
 
 
 def quant_specializations(src: str, fmt_of_bits, types, big: bool = True, holds=(2, 4),
@@ -225,10 +236,6 @@ def specializations():
 # Launchers
 
 _plans: dict = {}  # launch plans by problem (_gpu.remember keeps it bounded)
-
-
-def _ptr(a) -> int:
-    return 0 if a is None else a.data.ptr
 
 
 def _quant_plan(src, fmt, t, vec, geom, device):
@@ -319,14 +326,7 @@ def _quant_staged_plan(src, fmt, t, g, hold, device):
     key = ("quant-staged", src, fmt, t.name, g, hold, device)
     plan = _plans.get(key)
     if plan is None:
-        units = g // t.vector_width
-        if not hold and STAGED["two_pass"] and 32 % units == 0:
-            geom = two_pass_geometry(units)
-        else:
-            if not hold:
-                large = units >= STAGED["large_units"] and t.numpy.itemsize == 2
-                hold = STAGED["hold_large"] if large else STAGED["hold"]
-            geom = staged_geometry(units, hold)
+        geom = staged_choice(g // t.vector_width, t, hold)
         fn = _kernels.function(src, quant_staged_expr(fmt, t, geom), device)
         stage_bytes = STAGED["stage_bytes"]
         stages = max(1, min(8, STAGED["smem_per_block"] // stage_bytes))

@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 import cuquant as cq
 from _util import assert_refused, assert_same_bits
 from cuquant import groupwise as gw
+from cuquant._numpy.groupwise import group_multipliers
 from cuquant._dtypes import FLOATS
 
 BF16 = ml_dtypes.bfloat16
@@ -375,6 +376,15 @@ def test_refusals(fn, args, kwargs, exc, words):
     assert_refused(fn, args, kwargs, exc, words)
 
 
+def _lowest_quotient(lo, hi, bits):
+    """(lo - offset) * mult in float32 for asymmetric groups spanning [lo, hi], and which
+    groups take the kernels' fast path (finite, nonzero mult and finite offset)."""
+    mult, offset = group_multipliers(lo, hi, bits, False)
+    with np.errstate(all="ignore"):
+        v = ((lo - offset).astype(np.float32) * mult).astype(np.float32)
+    return v, np.isfinite(mult) & (mult != 0) & np.isfinite(offset)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_asymmetric_quotients_of_16_bit_groups_need_no_lower_clamp(dtype):
     """The kernels skip the lower clamp of asymmetric codes for 16-bit input (groupwise.cu,
@@ -383,26 +393,18 @@ def test_asymmetric_quotients_of_16_bit_groups_need_no_lower_clamp(dtype):
     for lo and hi 1-64 and a few thousand values apart across every finite 16-bit value,
     and for 2**21 random pairs; float32 input breaks it (hi = lo + one ulp), which is why
     it keeps the clamp."""
-    t = FLOATS[dtype].numpy
     f32 = np.float32
-    values = np.unique(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(t).astype(f32))
+    values = np.unique(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+                       .view(FLOATS[dtype].numpy).astype(f32))
     values = values[np.isfinite(values)]
-    rng = np.random.default_rng(7)
-    i, j = rng.integers(0, values.size, (2, 1 << 21))
+    i, j = np.random.default_rng(7).integers(0, values.size, (2, 1 << 21))
     pairs = [(values[:-k], values[k:]) for k in list(range(1, 65)) + [100, 1000, 5000]]
     pairs.append((values[np.minimum(i, j)], values[np.maximum(i, j)]))
     worst = 0.0
-    with np.errstate(all="ignore"):
-        for lo, hi in pairs:
-            for bits in (4, 8):
-                mult = np.where(hi == lo, f32(1), f32(1 << bits) / (hi - lo)).astype(f32)
-                offset = ((hi + lo) * f32(0.5)).astype(f32)
-                v = ((lo - offset).astype(f32) * mult).astype(f32)
-                kept = np.isfinite(mult) & (mult != 0) & np.isfinite(offset)  # not careful
-                worst = max(worst, float(np.max(-v[kept].astype(np.float64) / (1 << (bits - 1)))))
+    for (lo, hi), bits in itertools.product(pairs, (4, 8)):
+        v, fast = _lowest_quotient(lo, hi, bits)
+        worst = max(worst, float(np.max(-v[fast].astype(np.float64))) / (1 << (bits - 1)))
     assert worst <= 1 + 2.0 ** -15, worst
-    lo = f32(1000.0001)
-    hi = np.nextafter(lo, f32(np.inf))
-    lo, hi = hi, np.nextafter(hi, f32(np.inf))     # hi + lo rounds up to 2 hi
-    v = (lo - f32((hi + lo) * f32(0.5))) * (f32(256) / (hi - lo))
-    assert v == -256.0
+    lo = np.nextafter(f32(1000.0001), f32(np.inf))  # an odd last bit: hi + lo rounds up
+    v, fast = _lowest_quotient(np.array([lo]), np.array([np.nextafter(lo, f32(np.inf))]), 8)
+    assert fast[0] and v[0] == -256.0

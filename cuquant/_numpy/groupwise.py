@@ -77,10 +77,9 @@ def unpacked_shape(shape: tuple, bits: int) -> tuple:
 
 # ---------------------------------------------------------------------------------------
 
-def quantize_groupwise(x, bits, symmetric, group_size):
-    x = np.asarray(x)
-    x32 = _core.f32(x).reshape(-1, group_size)
-    lo, hi = group_min_max(x32)
+def group_multipliers(lo, hi, bits, symmetric):
+    """(mult, offset) of groups with float32 minima lo and maxima hi: the code of x is
+    rne((x - offset) * mult), clamped (SPEC section 5)."""
     rng = F32(1 << bits)
     with np.errstate(all="ignore"):
         if symmetric:
@@ -90,6 +89,15 @@ def quantize_groupwise(x, bits, symmetric, group_size):
         else:
             mult = np.where(hi == lo, F32(1.0), rng / (hi - lo)).astype(F32)
             offset = ((hi + lo) * F32(0.5)).astype(F32)
+    return mult, offset
+
+
+def quantize_groupwise(x, bits, symmetric, group_size):
+    x = np.asarray(x)
+    x32 = _core.f32(x).reshape(-1, group_size)
+    lo, hi = group_min_max(x32)
+    mult, offset = group_multipliers(lo, hi, bits, symmetric)
+    with np.errstate(all="ignore"):
         v = ((x32 - offset[:, None]).astype(F32) * mult[:, None]).astype(F32)
         inv = (F32(1.0) / mult).astype(F32)
     codes = encode_signed(v, bits).reshape(x.shape)
