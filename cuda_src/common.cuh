@@ -534,21 +534,8 @@ __device__ __forceinline__ void decode_vec(const Vec<typename Code::T, VEC>& c, 
     }
 }
 
-// Rounds two floats to the output type (one packed conversion for 16-bit types).
-template <typename T>
-__device__ __forceinline__ void convert_pair(float lo, float hi, T& a, T& b) {
-    if constexpr (IsSame<T, half>::value || IsSame<T, bfloat16>::value) {
-        const u32 r = pack_pair<T>(lo, hi);
-        a.bits = (u16)(r & 0xffffu);
-        b.bits = (u16)(r >> 16);
-    } else {
-        a = from_f32<T>(lo);
-        b = from_f32<T>(hi);
-    }
-}
-
-// Rounds N floats (N even for 16-bit types) to the output type, straight into the vector's
-// words, so that no 16-bit halves are shuffled after the conversion.
+// Rounds N floats to the output type; for 16-bit types and even N, two a conversion straight
+// into the vector's words, so that no 16-bit halves are shuffled after it.
 template <typename T, int N>
 __device__ __forceinline__ void convert_vec(const float* f, Vec<T, N>& out) {
     if constexpr ((IsSame<T, half>::value || IsSame<T, bfloat16>::value) && N % 2 == 0) {

@@ -55,10 +55,11 @@ __device__ __forceinline__ bool feq(float a, float b) {
     asm("{ .reg .pred p; setp.eq.f32 p, %1, %2; selp.u32 %0, 1, 0, p; }" : "=r"(r) : "f"(a), "f"(b));
     return r != 0u;
 }
-__device__ __forceinline__ bool flt(float a, float b) {
-    u32 r;
-    asm("{ .reg .pred p; setp.lt.f32 p, %1, %2; selp.u32 %0, 1, 0, p; }" : "=r"(r) : "f"(a), "f"(b));
-    return r != 0u;
+// 1.0f if a < b, else 0.0f (one instruction).
+__device__ __forceinline__ float set_lt(float a, float b) {
+    float r;
+    asm("set.lt.f32.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
 }
 __device__ __forceinline__ float add_rm(float a, float b) {
     float r;
@@ -240,9 +241,7 @@ __device__ __forceinline__ void store_unit(T* p, const Vec<T, VEC>& v) {
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> round_unit(const float* f) {
     Vec<T, VEC> o;
-#pragma unroll
-    for (int k = 0; k + 1 < VEC; k += 2) convert_pair<T>(f[k], f[k + 1], o.v[k], o.v[k + 1]);
-    if (VEC % 2) o.v[VEC - 1] = from_f32<T>(f[VEC - 1]);
+    convert_vec<T, VEC>(f, o);
     return o;
 }
 

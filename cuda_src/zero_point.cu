@@ -10,11 +10,12 @@ namespace cq {
 
 enum ZpMode { ZP_NEAREST = 0, ZP_RBITS = 1, ZP_PHILOX = 2 };
 
-// Philox4x32-10 (Salmon et al., 2011): counter (c0..c3), key (k0, k1). Not inlined: the
-// quantizer calls it from many unrolled places and 80 instructions each would bloat it.
+// Philox4x32-10 (Salmon et al., 2011): counter (c0..c3), key (k0, k1). Inlined, so that
+// the round keys come from uniform registers and the counter's zero words fold away: about
+// 40 instructions a block against 80 and a call.
 struct Words4 { u32 w[4]; };
 
-__device__ __noinline__ Words4 philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
+__device__ __forceinline__ Words4 philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
 #pragma unroll
     for (int i = 0; i < 10; ++i) {
         const u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
@@ -132,11 +133,10 @@ struct ZeroPoint {
             return f2u(r) + p.zi;
         }
         const float r = add_rm(c, RNE_MAGIC);        // floor(c) + 1.5 * 2**23
-        const float fl = sub_rn(r, RNE_MAGIC);
-        const float t = mul_rn(sub_rn(c, fl), 16777216.0f);
-        const u32 up = flt((float)(rnd >> 8), t) ? 1u : 0u;
-        d = mul_rn(add_rn(fl, (float)up), p.s);      // fl + up = q - z
-        return f2u(r) + up + p.zi;
+        const float t = mul_rn(sub_rn(c, sub_rn(r, RNE_MAGIC)), 16777216.0f);
+        const float ru = add_rn(r, set_lt((float)(rnd >> 8), t));   // + 1 to round up, exact
+        d = mul_rn(sub_rn(ru, RNE_MAGIC), p.s);      // q - z
+        return f2u(ru) + p.zi;
     }
 };
 

@@ -257,6 +257,33 @@ def test_zero_point_near_rounding_boundaries(bits, dtype, rng):
             assert_same_bits(a, b, f"{dtype} bits={bits} {rounding} {name}")
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("source_dtype", ["float16", "bfloat16"])
+def test_zero_point_dequantize_any_scales_and_zeros(bits, source_dtype, rng):
+    """Scales and zeros a caller may pass, not only the quantizer's: integer zeros on both
+    sides of +-1024 (where the fp16 kernel leaves its half-precision pairs), -0, halves,
+    huge, NaN and inf zeros; subnormal, negative, huge, zero, inf and NaN scales."""
+    t = DTYPES[source_dtype]
+    m, g = 64, 128
+    zs = np.concatenate([np.arange(-1040, -1000), np.arange(-20, 20), np.arange(1000, 1040),
+                         [-0.0, 0.5, -0.5, 1023.5, 2047.0, 2049.0, 60000.0, np.nan, np.inf,
+                          -np.inf, 2.0 ** -24, 3.0 ** 5]]).astype(np.float32)
+    specials = np.array([2.0 ** -24, 2.0 ** -20, -0.01, 65504.0, 300.0, 0.0, -0.0, np.inf,
+                         -np.inf, np.nan, 1e-3], np.float32)
+    n = 4096
+    s = np.where(rng.random(n) < 0.3, rng.choice(specials, n), rng.uniform(1e-3, 1.0, n)).astype(t)
+    for k in (256, 4096):
+        groups = m * k // g
+        scales = s[rng.integers(0, n, groups)].reshape(m, k // g)
+        zeros = zs[rng.integers(0, zs.size, groups)].astype(t).reshape(m, k // g)
+        codes = rng.integers(0, 256, (m, k // 2 if bits == 4 else k), dtype=np.uint8)
+        for out in OUTS:
+            got = cq.dequantize_groupwise_zero_point(dev(codes), dev(scales), dev(zeros), g, out,
+                                                     bits=bits)
+            want = cq.dequantize_groupwise_zero_point(codes, scales, zeros, g, out, bits=bits)
+            assert_same_bits(got, want, f"bits={bits} {source_dtype} k={k} to {out}")
+
+
 def test_seed_gives_the_same_codes_on_cpu_and_gpu(rng):
     x = (rng.standard_normal((33, 1024)) * 2).astype(ml_dtypes.bfloat16)
     for bits in (4, 8):
