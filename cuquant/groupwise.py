@@ -179,13 +179,14 @@ def two_pass_geometry(units: int) -> tuple[int, int, int]:
 TWO_PASS_GEOMETRIES = tuple(two_pass_geometry(u) for u in (1, 2, 4, 8, 16, 32))
 
 
-def staged_choice(units: int, t: FloatType, hold: int = 0) -> tuple:
-    """The staged geometry for groups of `units` units of t: the caller's `hold` units a
-    thread, or else STAGED's choice (two passes for groups of up to 32 units, `hold_large`
-    units a thread for large groups of 16-bit data, `hold` otherwise)."""
+def staged_choice(units: int, t: FloatType, hold: int = 0, two_pass: bool = True) -> tuple:
+    """The staged geometry for groups of `units` units of t: two passes for groups of up
+    to 32 units (when the caller's `two_pass` and STAGED["two_pass"]), else one pass with
+    the caller's `hold` units a thread, or with hold 0 STAGED's choice (`hold_large` units a
+    thread for large groups of 16-bit data, `hold` otherwise)."""
+    if two_pass and STAGED["two_pass"] and 32 % units == 0:
+        return two_pass_geometry(units)
     if not hold:
-        if STAGED["two_pass"] and 32 % units == 0:
-            return two_pass_geometry(units)
         large = units >= STAGED["large_units"] and t.numpy.itemsize == 2
         hold = STAGED["hold_large"] if large else STAGED["hold"]
     return staged_geometry(units, hold)
@@ -251,22 +252,23 @@ def _quant_plan(src, fmt, t, vec, geom, device):
 
 
 def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbits=None,
-                  big: bool = True, hold: int = 0):
+                  big: bool = True, hold: int = 0, two_pass: bool = True):
     """The launch plan of quantize_groups over the C-contiguous x (n elements, n % g == 0),
     None when x is empty. The fast path needs g to be a multiple of a 16-byte unit and
     16-byte aligned x (and rbits); otherwise units are one byte of codes and a chunk is two
     groups when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on
-    the device at once. `hold`: units a thread of the staged kernel (0: STAGED's choice).
+    the device at once. `hold` and `two_pass`: the staged kernel's geometry (staged_choice).
     What a problem needs is worked out once (`_problem_plan`)."""
     n = x.size
     if n == 0:
         return None
     aligned = (x.data.ptr | (0 if rbits is None else rbits.data.ptr)) % 16 == 0
-    key = ("quant-problem", src, bits, t.name, n, g, aligned, big, hold, x.data.device_id)
+    key = ("quant-problem", src, bits, t.name, n, g, aligned, big, hold, two_pass,
+           x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         plan = _gpu.remember(_plans, key, _problem_plan(
-            src, fmt_of_bits(bits), t, bits, n, g, aligned, big, hold,
+            src, fmt_of_bits(bits), t, bits, n, g, aligned, big, hold, two_pass,
             x.data.device_id))
     return plan
 
@@ -295,13 +297,13 @@ class QuantizeRun:
 
 
 def _problem_plan(src, fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool, big: bool,
-                  hold: int, device: int):
+                  hold: int, two_pass: bool, device: int):
     """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
     vec = t.vector_width
     fast = g % vec == 0 and aligned
     if fast and _staged(n * t.numpy.itemsize, t, g, device):
         launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(src, fmt, t, g, hold,
-                                                                        device)
+                                                                        two_pass, device)
         groups = n // g
         return (launch, min(-(-groups // gpc), resident), STAGED_THREADS, (groups, g),
                 (gpc, stages, stage_bytes))
@@ -322,11 +324,11 @@ def _staged(nbytes: int, t: FloatType, g: int, device: int) -> bool:
             and units <= STAGED_MAX_UNITS and staged_device(device))
 
 
-def _quant_staged_plan(src, fmt, t, g, hold, device):
-    key = ("quant-staged", src, fmt, t.name, g, hold, device)
+def _quant_staged_plan(src, fmt, t, g, hold, two_pass, device):
+    key = ("quant-staged", src, fmt, t.name, g, hold, two_pass, device)
     plan = _plans.get(key)
     if plan is None:
-        geom = staged_choice(g // t.vector_width, t, hold)
+        geom = staged_choice(g // t.vector_width, t, hold, two_pass)
         fn = _kernels.function(src, quant_staged_expr(fmt, t, geom), device)
         stage_bytes = STAGED["stage_bytes"]
         stages = max(1, min(8, STAGED["smem_per_block"] // stage_bytes))

@@ -43,11 +43,13 @@ NEAREST, RBITS, PHILOX = 0, 1, 2   # ZpMode in cuda_src/zero_point.cu
 # with four).
 DQ_UNROLL = 1
 
-# Units a thread of the staged quantizer holds, by mode. Measured on an H200 (fp16 16384 x
-# 7168, benchmarks/NOTES.md): nearest with 2 against 4, 0.78 -> 0.82 (4-bit G=128), 0.71 ->
-# 0.80 (4-bit G=64), 0.815 -> 0.83 (8-bit G=128); seeded stochastic rounding loses with 2
-# (0.457 -> 0.424), so it keeps 4, and so do caller-given words.
-STAGED_HOLD = {NEAREST: 2, RBITS: 4, PHILOX: 4}
+# The staged quantizer's geometry by mode: units a thread in one pass, and whether groups
+# of up to 32 units take the two-pass kernel instead. Measured on an H200 (fp16 16384 x
+# 7168, benchmarks/NOTES.md): nearest with 2 units against 4, 0.78 -> 0.82 (4-bit G=128),
+# 0.71 -> 0.80 (4-bit G=64); seeded stochastic rounding loses with 2 (0.457 -> 0.424).
+# Two passes: caller's words gain (G=32 0.62 -> 0.83, G=128 0.80 -> 0.83, 4-bit), nearest
+# and seeded rounding lose (G=128 0.83 -> 0.81, 0.57 -> 0.55).
+STAGED_HOLD = {NEAREST: (2, False), RBITS: (4, True), PHILOX: (4, False)}
 
 __all__ = ["quantize_groupwise_zero_point", "dequantize_groupwise_zero_point", "random_bits"]
 
@@ -66,7 +68,7 @@ def _code_type(bits: int):
 
 def specializations():
     """Every (source, name expression) this module can launch."""
-    yield from quant_specializations(SRC, _zp_format, HALVES.values(), big=False)
+    yield from quant_specializations(SRC, _zp_format, HALVES.values(), big=False, two_pass=True)
     for bits, ts, out in itertools.product(BITS, HALVES.values(), FLOATS.values()):
         for vec in (out.vector_width, general_vec(bits)):
             yield SRC, dequant_expr(_zp_codes(bits, ts), out, vec, DQ_UNROLL)
@@ -88,7 +90,9 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
             ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
             ((m, k // g), t.numpy), ((m, k), t.numpy)))
     rb = None if rbits is None else contiguous(rbits)
-    plan = quantize_plan(SRC, _zp_format, xc, t, bits, g, rb, big=False, hold=STAGED_HOLD[mode])
+    hold, two_pass = STAGED_HOLD[mode]
+    plan = quantize_plan(SRC, _zp_format, xc, t, bits, g, rb, big=False, hold=hold,
+                         two_pass=two_pass)
     if plan is None:
         return outputs.make(), False
     run = QuantizeRun(outputs, plan, mode, seed)
@@ -313,7 +317,7 @@ def _declare():
     for bits, target in ((4, 0.90), (8, 0.92)):
         variants = tuple({"bits": bits, "group_size": g, "rounding": "nearest"} for g in groups)
         variants += tuple({"bits": bits, "group_size": g, "rounding": "stochastic", "source": src}
-                          for g in (128, 6) for src in ("seed", "rbits"))
+                          for g in (32, 64, 128, 256, 6) for src in ("seed", "rbits"))
         ops.append(Op("quantize_groupwise_zero_point", fam, "quantize", H, _make_quantize,
                       variants=variants, shapes=ZP_SHAPES,
                       bench_variants=tuple({"bits": bits, "group_size": 128, "rounding": r}

@@ -282,7 +282,7 @@ def test_launchable_specializations_are_enumerated():
                         staged = gw.staged_geometry(g // vec, hold)
                         assert gw.quant_staged_expr(f"{fmt}<{bits}>", t, staged) in listed, \
                             (fmt, t, bits, g, hold)
-                if fmt == "cq::DeepSpeed" and 32 % (g // vec) == 0:
+                if 32 % (g // vec) == 0:
                     two = gw.quant_staged_expr(f"{fmt}<{bits}>", t, gw.two_pass_geometry(g // vec))
                     assert two in listed, (fmt, t, bits, g)
             length = 2 * g if bits == 4 and g % 2 else g
@@ -298,7 +298,8 @@ def test_launchable_specializations_are_enumerated():
                                        zero_point.DQ_UNROLL) in listed
         assert gw.batched_expr(out) in listed
     n_gw, n_zp = len(list(gw.specializations())), len(list(zero_point.specializations()))
-    assert len(listed) == n_gw + n_zp and n_gw + n_zp < 600
+    # No duplicates, and a bound that keeps the compile check's time in hand (601 now).
+    assert len(listed) == n_gw + n_zp and n_gw + n_zp < 640
 
 
 # ---------------------------------------------------------------------------------------
