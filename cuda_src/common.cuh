@@ -534,10 +534,11 @@ __device__ __forceinline__ void decode_vec(const Vec<typename Code::T, VEC>& c, 
     }
 }
 
-// Rounds N floats to the output type; for 16-bit types and even N, two a conversion straight
-// into the vector's words, so that no 16-bit halves are shuffled after it.
+// N floats rounded to the output type; for 16-bit types and even N, two a conversion
+// straight into the vector's words, so that no 16-bit halves are shuffled after it.
 template <typename T, int N>
-__device__ __forceinline__ void convert_vec(const float* f, Vec<T, N>& out) {
+__device__ __forceinline__ Vec<T, N> convert_vec(const float* f) {
+    Vec<T, N> out;
     if constexpr ((IsSame<T, half>::value || IsSame<T, bfloat16>::value) && N % 2 == 0) {
         u32* w = reinterpret_cast<u32*>(&out);
 #pragma unroll
@@ -546,6 +547,7 @@ __device__ __forceinline__ void convert_vec(const float* f, Vec<T, N>& out) {
 #pragma unroll
         for (int i = 0; i < N; ++i) out.v[i] = from_f32<T>(f[i]);
     }
+    return out;
 }
 
 // ---------------------------------------------------------------------------------------

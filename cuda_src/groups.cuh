@@ -237,14 +237,6 @@ __device__ __forceinline__ void store_unit(T* p, const Vec<T, VEC>& v) {
     }
 }
 
-// Rounds VEC floats to T (packed conversions for 16-bit types).
-template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> round_unit(const float* f) {
-    Vec<T, VEC> o;
-    convert_vec<T, VEC>(f, o);
-    return o;
-}
-
 // The bits of a where mask has ones, of b elsewhere, in one instruction.
 __device__ __forceinline__ u32 bit_select(u32 a, u32 b, u32 mask) {
     u32 r;
@@ -389,7 +381,7 @@ __device__ __forceinline__ void emit_unit(const Vec<T, VEC>& xv, const typename 
         }
     }
     store_codes<F::BITS, F::LOW_FIRST, VEC>(q, e - el, el, r);
-    if constexpr (F::DEQUANT) store_unit<T, VEC>(deq + e, round_unit<T, VEC>(d));
+    if constexpr (F::DEQUANT) store_unit<T, VEC>(deq + e, convert_vec<T, VEC>(d));
 }
 
 template <class P, int N> struct ParamsOf { P p[N]; };
@@ -698,7 +690,7 @@ __device__ __forceinline__ void dequant_units(const u8* __restrict__ q, const vo
             c[k].template decode<D::SIGNED, D::LOW_FIRST>(f);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) f[j] = D::value(f[j], prm[k][NP == 1 ? 0 : j]);
-            store_unit<Tout, VEC>(out + u * VEC, round_unit<Tout, VEC>(f));
+            store_unit<Tout, VEC>(out + u * VEC, convert_vec<Tout, VEC>(f));
         }
     }
 }

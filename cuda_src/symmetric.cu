@@ -684,9 +684,7 @@ dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restric
                 decode_vec<Code, VEC>(codes[k], f);
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) f[i] = mul_rn(f[i], s[k]);
-                Vec<Tout, VEC> o;
-                convert_vec<Tout, VEC>(f, o);
-                store_vec<Tout, VEC>(out + v * VEC, o);
+                store_vec<Tout, VEC>(out + v * VEC, convert_vec<Tout, VEC>(f));
             }
         }
     }

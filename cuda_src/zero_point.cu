@@ -88,19 +88,20 @@ struct ZeroPoint {
 #pragma unroll
             for (int k = 0; k < VEC; ++k) r[k] = w.v[k];
         } else if (a.mode == ZP_PHILOX) {
-            if constexpr (VEC % 4 == 0) {   // e is a multiple of 4: whole blocks
+            // e is a multiple of VEC: a unit of four elements or fewer lies in one block of
+            // words, a longer one spans whole blocks. One block is made for each.
+            static_assert(VEC % 4 == 0 || 4 % VEC == 0, "units lie in whole blocks of words");
 #pragma unroll
-                for (int k = 0; k < VEC; k += 4) {
-                    const Words4 b = philox_block((u64)(e + k) >> 2, a.seed_lo, a.seed_hi);
+            for (int k = 0; k < VEC; k += 4) {
+                const Words4 b = philox_block((u64)(e + k) >> 2, a.seed_lo, a.seed_hi);
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) r[k + j] = b.w[j];
-                }
-            } else {
-#pragma unroll
-                for (int k = 0; k < VEC; ++k) {
-                    const Words4 b = philox_block((u64)(e + k) >> 2, a.seed_lo, a.seed_hi);
-                    const int j = (int)((e + k) & 3);
-                    r[k] = j == 0 ? b.w[0] : j == 1 ? b.w[1] : j == 2 ? b.w[2] : b.w[3];
+                for (int j = 0; j < (VEC < 4 ? VEC : 4); ++j) {
+                    if constexpr (VEC >= 4) {
+                        r[k + j] = b.w[j];
+                    } else {
+                        const int w = (int)((e + j) & 3);
+                        r[j] = w == 0 ? b.w[0] : w == 1 ? b.w[1] : w == 2 ? b.w[2] : b.w[3];
+                    }
                 }
             }
         } else {
