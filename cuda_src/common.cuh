@@ -594,16 +594,19 @@ __device__ __forceinline__ u32 lanes_max(u32 v) {
 // every thread of the block must call it.
 template <int W>
 __device__ __forceinline__ u32 group_max(u32 v, u32* scratch) {
-    if (W <= 32) return lanes_max<(W < 32 ? W : 32)>(v);
-    v = lanes_max<32>(v);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();  // scratch may still be read by a previous call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    const int wpg = W / 32, first = (warp / wpg) * wpg;
-    u32 r = 0;
-    for (int i = 0; i < wpg; ++i) r = umax(r, scratch[first + i]);
-    return r;
+    if constexpr (W <= 32) {
+        return lanes_max<W>(v);
+    } else {
+        v = lanes_max<32>(v);
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        __syncthreads();  // scratch may still be read by a previous call
+        if (lane == 0) scratch[warp] = v;
+        __syncthreads();
+        const int wpg = W / 32, first = (warp / wpg) * wpg;
+        u32 r = 0;
+        for (int i = 0; i < wpg; ++i) r = umax(r, scratch[first + i]);
+        return r;
+    }
 }
 
 // ---------------------------------------------------------------------------------------

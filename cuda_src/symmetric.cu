@@ -253,6 +253,20 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 constexpr u32 SMOOTH_LO = 0x2f800000u, SMOOTH_HI = 0x4f800000u;      // 2**-32, 2**32
 constexpr u32 SMOOTH_AMAX_LO = 0x35800000u, SMOOTH_AMAX_HI = 0x71000000u;  // 2**-20, 2**99
 
+// The largest |v| of float32 values, NaN above inf, from two running maxima of their bits:
+// unsigned (any negative value beats every positive one, and among negatives the larger
+// magnitude wins) and signed (any positive value beats every negative one). Two three-way
+// integer maxima per two values, where masking each value first would cost one more.
+struct BitsMax {
+    u32 u = 0u;
+    int s = (int)0x80000000u;
+    __device__ __forceinline__ void add2(float a, float b) {
+        u = umax(u, umax(f2u(a), f2u(b)));
+        s = max(s, max((int)f2u(a), (int)f2u(b)));
+    }
+    __device__ __forceinline__ u32 bits() const { return umax(u & 0x7fffffffu, (u32)s & 0x7fffffffu); }
+};
+
 template <typename Tin, int VEC>
 __device__ __forceinline__ Vec<float, VEC> smooth_vec_fast(const Vec<Tin, VEC>& x, const float* nb,
                                                            const float* y) {
@@ -338,33 +352,67 @@ __device__ __noinline__ void smooth_tables(const float* __restrict__ smooth, flo
     }
 }
 
+// Threads of a smooth_quant_rows block and the blocks a multiprocessor the compiler must
+// fit. Teams share blocks of at least 256 threads, two teams of 256 a block of 512, and
+// with them the tables. Teams of 5-7 vectors a thread hold up to 56 float32 quotients and
+// get 128 registers (two blocks of 256); four vectors fit 80 (three blocks).
+template <int TPG, int VPT> struct SmoothShape {
+    enum {
+        threads = TPG >= 512 ? TPG : TPG == 256 ? 512 : 256,
+        fit = 65536 / (threads * (VPT > 4 ? 128 : 80)),
+        min_blocks = fit > 0 ? fit : 1
+    };
+};
+
 // Shared memory: the reciprocals and -smooth (K floats each, column_slot order, each
 // rounded up to 16 bytes), then one 16-byte slot per thread and vector for the next row,
 // copied in the background while this one is worked on.
 template <typename Tin, int VEC, int TPG, int VPT>
-__global__ void __launch_bounds__(RowGroupShape<TPG, VPT, true>::threads,
-                                  RowGroupShape<TPG, VPT, true>::min_blocks)
+__global__ void __launch_bounds__(SmoothShape<TPG, VPT>::threads, SmoothShape<TPG, VPT>::min_blocks)
 smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restrict__ scale,
                   const float* __restrict__ smooth, i64 rows, int K, float inv_qmax) {
     static_assert(sizeof(Vec<Tin, VEC>) == 16, "rows are copied in 16-byte vectors");
-    constexpr int THREADS = RowGroupShape<TPG, VPT, true>::threads, SLOTS = THREADS / TPG;
+    constexpr int THREADS = SmoothShape<TPG, VPT>::threads, SLOTS = THREADS / TPG, WARPS = THREADS / 32;
+    static_assert(THREADS % TPG == 0 && (TPG <= 32 || TPG % 32 == 0), "teams of whole warps or within one");
     extern __shared__ __align__(16) float rcp[];
-    __shared__ u32 scratch[THREADS / 32];
+    // The rows' warp maxima alternate between two areas (one barrier a row: a team writes
+    // an area again only after a barrier that every reader of its last use passed); the
+    // third is the rare second reduction's.
+    __shared__ __align__(16) u32 scratch[3][WARPS];
+    int parity = 0;
     const int KP = (K + 3) & ~3;
     float* col = rcp + KP;  // -smooth
     Vec<Tin, VEC>* next = reinterpret_cast<Vec<Tin, VEC>*>(rcp + 2 * KP) + threadIdx.x;
     const u32 next_addr = smem_addr(next);
     const int lane = threadIdx.x % TPG, slot = threadIdx.x / TPG;
     const i64 stride = (i64)gridDim.x * SLOTS;
+    // Teams of whole warps meet at a barrier of their own (1 + slot; 0 is __syncthreads), so
+    // that no team waits for another; each reads its own warps' words of a scratch area.
+    auto team_barrier = [&]() {
+        if constexpr (TPG >= THREADS) {
+            __syncthreads();
+        } else {
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + slot), "n"(TPG) : "memory");
+        }
+    };
+    auto team_words_max = [&](const u32* sc) {
+        constexpr int WPG = TPG / 32 > 0 ? TPG / 32 : 1;
+        u32 m = 0u;
+#pragma unroll
+        for (int w = 0; w < WPG; ++w) m = umax(m, sc[slot * WPG + w]);
+        return m;
+    };
+    // This thread's vectors j < nin lie inside a row, the same for every row.
+    int nin = 0;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) nin += (lane + j * TPG) * VEC < K;
 
     auto prefetch = [&](i64 r) {
         if (r < rows) {
-            const Tin* xr = x + r * K;
+            const Tin* xr = x + r * K + lane * VEC;
 #pragma unroll
-            for (int j = 0; j < VPT; ++j) {
-                const int e = (lane + j * TPG) * VEC;
-                if (e < K) cp_async16(next_addr + j * THREADS * 16, xr + e);
-            }
+            for (int j = 0; j < VPT; ++j)
+                if (j < nin) cp_async16(next_addr + j * THREADS * 16, xr + j * TPG * VEC);
         }
         cp_async_commit();
     };
@@ -375,60 +423,91 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
 
     for (i64 base = (i64)blockIdx.x * SLOTS; base < rows; base += stride) {
         const i64 r = base + slot;
-        const int len = r < rows ? K : 0;
-        // This thread's vectors of row r, copied by itself (the reads are done before the
-        // copy of its next row, issued just after, can land: it waits on global memory).
+        const bool live = r < rows;
+        const int held = live ? nin : 0;
+        // f(j) for each of this thread's vectors j of the row.
+        auto for_held = [&](auto f) {
+#pragma unroll
+            for (int j = 0; j < VPT; ++j)
+                if (j < held) f(j);
+        };
+        // This thread's vectors of row r, copied by itself (the reads are done before
+        // the copy of its next row, issued just after, can land: it waits on global
+        // memory).
         cp_async_wait_all();
         Vec<Tin, VEC> raw[VPT];
-#pragma unroll
-        for (int j = 0; j < VPT; ++j)
-            if ((lane + j * TPG) * VEC < len) raw[j] = next[j * THREADS];
+        for_held([&](int j) { raw[j] = next[j * THREADS]; });
         prefetch(r + stride);
 
         Vec<float, VEC> val[VPT];
-        AbsMax<float> acc;
+        BitsMax m;
         u32 any = 0;
-#pragma unroll
-        for (int j = 0; j < VPT; ++j) {
+        for_held([&](int j) {
             const int e = (lane + j * TPG) * VEC;
-            if (e < len) {
-                val[j] = smooth_vec_fast<Tin, VEC>(raw[j], load_columns<VEC>(col, e, K).v,
-                                                   load_columns<VEC>(rcp, e, K).v);
-                acc.add(val[j]);
-                any = or_bits<Tin, VEC>(any, raw[j]);
-            }
-        }
-        // A thread holding a nonzero x counts at least 1 (a subnormal) towards the maximum:
-        // a nonzero row whose quotients all came out 0 is then a tiny row, not a zero one.
-        u32 amax = group_max<TPG>(umax(acc.bits(), (any & MagnitudeMask<Tin>::value) != 0), scratch);
-        const bool redo = !(amax <= SMOOTH_AMAX_HI && (amax >= SMOOTH_AMAX_LO || amax == 0));
-        // The decision is the team's; it must be the block's where teams share barriers
-        // (the reduction below), and the warp's where they share shuffles.
-        bool again_all;
-        if constexpr (TPG >= THREADS) {
-            again_all = redo;
-        } else if constexpr (TPG <= 32) {
-            again_all = __any_sync(0xffffffffu, redo);
-        } else {
-            again_all = __syncthreads_or(redo);
-        }
-        if (again_all) {  // rare: divide again by div.rn
-            AbsMax<float> again;
+            val[j] = smooth_vec_fast<Tin, VEC>(raw[j], load_columns<VEC>(col, e, K).v,
+                                               load_columns<VEC>(rcp, e, K).v);
 #pragma unroll
-            for (int j = 0; j < VPT; ++j) {
-                const int e = (lane + j * TPG) * VEC;
-                if (e < len) {
-                    val[j] = smooth_vec<Tin, VEC>(load_vec<Tin, VEC>(x + r * K + e),
-                                                  load_vec<float, VEC>(smooth + e).v);
-                    again.add(val[j]);
-                }
-            }
-            amax = group_max<TPG>(again.bits(), scratch);
+            for (int i = 0; i < VEC; i += 2) m.add2(val[j].v[i], val[j].v[i + 1]);
+            any = or_bits<Tin, VEC>(any, raw[j]);
+        });
+        // A thread holding a nonzero x counts at least 1 (a subnormal) towards the
+        // maximum: a nonzero row whose quotients all came out 0 is then a tiny row, not
+        // a zero one.
+        const u32 mine = umax(m.bits(), (any & MagnitudeMask<Tin>::value) != 0);
+        auto redo = [](u32 amax) {
+            return !(amax <= SMOOTH_AMAX_HI && (amax >= SMOOTH_AMAX_LO || amax == 0));
+        };
+        // The team's maximum, and whether it must divide again: a decision of the warp
+        // where teams share shuffles (teams within a warp).
+        u32 amax;
+        bool again_all;
+        if constexpr (TPG <= 32) {
+            amax = lanes_max<TPG>(mine);
+            again_all = __any_sync(0xffffffffu, redo(amax));
+        } else {
+            u32* sc = scratch[parity];
+            parity ^= 1;
+            const u32 wm = lanes_max<32>(mine);
+            if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = wm;
+            team_barrier();
+            amax = team_words_max(sc);
+            again_all = redo(amax);
+        }
+        if (!again_all) {
+            // amax in [2**-20, 2**99] or 0: the scale is normal and every quotient is
+            // within divide_fast's range (two corrections for float32 dividends).
+            const float s = amax == 0u ? 1.0f : mul_rn(u2f(amax), inv_qmax);
+            if (live && lane == 0) scale[r] = s;
+            DivPlan plan;
+            plan.nb = u2f(f2u(s) ^ 0x80000000u);
+            plan.y = rcp_rn(s);
+            i8* qr = q + r * K + lane * VEC;
+            for_held([&](int j) {
+                store_code_vec<CodeInt8, VEC>(
+                    qr + j * TPG * VEC, quantize_vec_on<PATH_FAST, 2, float, CodeInt8, VEC>(val[j], plan));
+            });
+            continue;
+        }
+        // Rare: divide again by div.rn.
+        AbsMax<float> again;
+        for_held([&](int j) {
+            const int e = (lane + j * TPG) * VEC;
+            val[j] = smooth_vec<Tin, VEC>(load_vec<Tin, VEC>(x + r * K + e), load_vec<float, VEC>(smooth + e).v);
+            again.add(val[j]);
+        });
+        if constexpr (TPG <= 32) {
+            amax = lanes_max<TPG>(again.bits());
+        } else {
+            team_barrier();  // the team's previous second reduction has read scratch[2]
+            const u32 wm = lanes_max<32>(again.bits());
+            if ((threadIdx.x & 31) == 0) scratch[2][threadIdx.x >> 5] = wm;
+            team_barrier();
+            amax = team_words_max(scratch[2]);
         }
         const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
-        if (len > 0 && lane == 0) scale[r] = s;
+        if (live && lane == 0) scale[r] = s;
         const DivPlan plan = plan_division(s);
-        store_held_codes<float, CodeInt8, ZERO_IS_ONE, VEC, TPG, VPT>(q + r * K, val, len, lane, plan,
+        store_held_codes<float, CodeInt8, ZERO_IS_ONE, VEC, TPG, VPT>(q + r * K, val, live ? K : 0, lane, plan,
                                                                      div_path<ZERO_IS_ONE>(plan, amax, 0u));
     }
     cp_async_wait_all();

@@ -60,6 +60,38 @@ def geometry(nvec: int, exact_teams: bool = True) -> tuple[int, int]:
     return (1024, 0)
 
 
+# smooth_quant_rows holds a row's float32 quotients. Large problems (from
+# SMOOTH_WIDE_MIN_ELEMENTS on) give rows of more than 128 vectors the smallest
+# power-of-two team that holds them at up to 7 vectors a thread (so 4-7; a 7168-element
+# bf16 row is 128 threads x 7, no slot empty); 8 spill at the 128 registers a thread has
+# with two blocks a multiprocessor. Other problems, and shorter rows, take `geometry`'s
+# teams of up to 4 vectors, which finish a row sooner: with few rows a team, that wins.
+# Measured on an H200, bf16, us, 4 / up to 7 vectors (benchmarks/NOTES.md): 2048 x 7168
+# 19.4 / 22.9, 4096 x 7168 32.3 / 34.0, 8192 x 7168 57.6 / 56.0, 16384 x 7168 107.7 /
+# 100.5; 1024 x 14336 21.3 / 23.5, 2048 x 14336 34.6 / 35.7, 4096 x 14336 61.5 / 59.8.
+SMOOTH_VECTORS_MAX = 7
+SMOOTH_WIDE_MIN_ELEMENTS = 1 << 25
+
+
+def smooth_geometry(nvec: int, wide: bool = True) -> tuple[int, int]:
+    """The geometry of smooth_quant_rows for rows of `nvec` vectors (at most 4096)."""
+    if nvec <= 128 or not wide:
+        return geometry(nvec, exact_teams=False)
+    tpg = 1 << (-(-nvec // SMOOTH_VECTORS_MAX) - 1).bit_length()
+    return (tpg, -(-nvec // tpg))
+
+
+def smooth_threads(tpg: int) -> int:
+    """Threads of a smooth_quant_rows block (SmoothShape in symmetric.cu): teams of 256
+    threads go two to a block, so that the two share the tables."""
+    return 512 if tpg == 256 else max(tpg, 256)
+
+
+def smooth_geometries() -> list[tuple[int, int]]:
+    """Every geometry `smooth_geometry` can pick (the narrow ones are among the wide)."""
+    return sorted({smooth_geometry(n, w) for n in range(1, 4097) for w in (True, False)})
+
+
 # (code, rule, smooth) combinations the public ops use.
 ROW_GROUP_KINDS = (
     (INT8, ZERO_IS_ONE, False),      # per channel, per block
@@ -115,9 +147,8 @@ def specializations():
                 for geom in geometries(exact_teams=not smooth):
                     yield SRC, row_groups_expr(t, code, rule, vec, geom, smooth)
             if vec > 1:
-                for geom in geometries(exact_teams=False):
-                    if geom[1]:
-                        yield SRC, smooth_expr(t, vec, geom)
+                for geom in smooth_geometries():
+                    yield SRC, smooth_expr(t, vec, geom)
             for code in (INT8, E4M3):
                 yield SRC, tensor_expr(t, code, vec)
                 yield SRC, static_expr(t, code, vec)
@@ -235,9 +266,11 @@ def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bi
     geom = geometry(nvec, exact_teams=not smooth)
     threads = row_threads(geom[0])
     if smooth and vec > 1 and geom[1] and rows * k >= max(SMOOTH_ROWS_MIN_ELEMENTS, 1):
-        smem = smooth_shared_bytes(k, threads, geom)
+        sgeom = smooth_geometry(nvec, rows * k >= SMOOTH_WIDE_MIN_ELEMENTS)
+        sthreads = smooth_threads(sgeom[0])
+        smem = smooth_shared_bytes(k, sthreads, sgeom)
         if smem <= _gpu.props(device)["smem_optin"]:
-            return _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device)
+            return _smooth_plan(key, t, code, rows, k, vec, sgeom, sthreads, smem, device)
     magic, shift = _gpu.fastdiv(gpr)
     q_shape = q_shape if q_shape is not None else (rows, k)
     if layout == "column":

@@ -72,28 +72,36 @@ def test_matches_numpy(op, dtype, shape, variant, rng):
 # ---------------------------------------------------------------------------------------
 # Every geometry of the row kernels
 
-def _row_lengths(exact_teams: bool) -> list[int]:
+def _row_lengths(exact_teams: bool, smooth: bool = False) -> list[int]:
     """Row lengths K (bfloat16, 8 elements a vector) at both ends of every geometry's range
     of vectors: each team size, whole-warp teams of any count included, is met with its
-    last vectors full and with one vector more than the team before it can hold."""
+    last vectors full and with one vector more than the team before it can hold. `smooth`:
+    the geometries of smooth_quant_rows (rows of up to 4096 vectors)."""
     from cuquant import _symmetric
 
+    if smooth:
+        pick, every, top = _symmetric.smooth_geometry, _symmetric.smooth_geometries(), 4096
+    else:
+        pick, every, top = (lambda n: _symmetric.geometry(n, exact_teams),
+                            _symmetric.geometries(exact_teams), 4097)
     ends: dict = {}
-    for nvec in range(1, 4098):
-        g = _symmetric.geometry(nvec, exact_teams)
+    for nvec in range(1, top + 1):
+        g = pick(nvec)
         lo, hi = ends.get(g, (nvec, nvec))
         ends[g] = (min(lo, nvec), max(hi, nvec))
-    assert set(ends) == set(_symmetric.geometries(exact_teams)), "a geometry is never picked"
+    assert set(ends) == set(every), "a geometry is never picked"
     return sorted({8 * n for lo, hi in ends.values() for n in (lo, hi)})
 
 
 @pytest.fixture
 def smooth_rows_kernel(monkeypatch):
-    """SmoothQuant through smooth_quant_rows at every size (it is taken from 2**23
-    elements on; smaller problems take the general row kernel)."""
+    """SmoothQuant through smooth_quant_rows at every size, with its wide geometries (it
+    is taken from 2**23 elements on, the wide geometries from 2**25; smaller problems take
+    the general row kernel)."""
     from cuquant import _fast, _symmetric
 
     monkeypatch.setattr(_symmetric, "SMOOTH_ROWS_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(_symmetric, "SMOOTH_WIDE_MIN_ELEMENTS", 0)  # every geometry is a wide one
     monkeypatch.setattr(_fast, "_table", {})  # replays were made under the old threshold
     _symmetric._plans.clear()
     yield
@@ -105,7 +113,7 @@ def test_every_row_geometry(name, rng, request):
     if name == "smooth_quant":
         request.getfixturevalue("smooth_rows_kernel")
     fn = getattr(cq, name)
-    lengths = _row_lengths(exact_teams=name != "smooth_quant")
+    lengths = _row_lengths(exact_teams=name != "smooth_quant", smooth=name == "smooth_quant")
     if name == "smooth_quant":  # rows of 8n - 1 elements take the general row kernel
         lengths += [k - 1 for k in lengths if k > 8 and k <= 4096]
     for k in lengths:
@@ -456,11 +464,16 @@ def _smooth_rows(rng, rows: int, smooth: np.ndarray, dtype: str) -> np.ndarray:
         return (xs * smooth.astype(np.float64)).astype(FLOATS[dtype].numpy)
 
 
+@pytest.mark.parametrize("wide", [True, False])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_smooth_quant_rows(dtype, rng, smooth_rows_kernel):
+def test_smooth_quant_rows(dtype, wide, rng, smooth_rows_kernel, monkeypatch):
     """Every kind of row (_smooth_rows) in one launch, blocks of one and of many rows, with
     factors in the fast path's range and with one outside it (0, inf, NaN, subnormal,
-    2**-33, 2**33), against the NumPy backend."""
+    2**-33, 2**33), against the NumPy backend; wide and narrow geometries."""
+    from cuquant import _symmetric
+
+    if not wide:
+        monkeypatch.setattr(_symmetric, "SMOOTH_WIDE_MIN_ELEMENTS", 1 << 62)
     for k in (40, 1000, 7168):
         inside = rng.uniform(0.5, 2, k) * 2.0 ** rng.integers(-4, 5, k) * rng.choice([-1, 1], k)
         inside[:2] = (2.0 ** -32, -(2.0 ** 32))

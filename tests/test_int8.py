@@ -1,6 +1,7 @@
 """INT8 family on the NumPy backend: golden cases derived by hand, properties, round
 trips, empty inputs and refusals (SPEC section 3)."""
 
+import itertools
 import ml_dtypes
 import numpy as np
 import pytest
@@ -261,10 +262,15 @@ def test_smooth_rows_kernel_is_listed_and_fits():
     listed = {e for _, e in _symmetric.specializations()}
     for t in FLOATS.values():
         vec = t.vector_width
-        for nvec in range(1, 4097):
-            geom = _symmetric.geometry(nvec, exact_teams=False)
-            assert _symmetric.smooth_expr(t, vec, geom) in listed, (t.name, nvec)
-            threads = _symmetric.row_threads(geom[0])
+        for nvec, wide in itertools.product(range(1, 4097), (True, False)):
+            geom = _symmetric.smooth_geometry(nvec, wide)
+            assert _symmetric.smooth_expr(t, vec, geom) in listed, (t.name, nvec, wide)
+            tpg, vpt = geom
+            assert tpg * vpt >= nvec, nvec  # the team holds the whole row
+            if wide and nvec > 128:  # 4-7 vectors a thread: fewer than a thread's worth empty
+                assert 4 <= vpt <= 7 and tpg * (vpt - 1) < nvec, nvec
+            threads = _symmetric.smooth_threads(tpg)
+            assert threads % tpg == 0 and (tpg <= 32 or tpg % 32 == 0), nvec
             if nvec * vec <= 16384:
                 assert _symmetric.smooth_shared_bytes(nvec * vec, threads, geom) <= 227 * 1024
 
