@@ -395,12 +395,20 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
             asm volatile("bar.sync %0, %1;" ::"r"(1 + slot), "n"(TPG) : "memory");
         }
     };
-    auto team_words_max = [&](const u32* sc) {
-        constexpr int WPG = TPG / 32 > 0 ? TPG / 32 : 1;
-        u32 m = 0u;
+    // The maximum of v over this thread's team: shuffles for a team within a warp; for
+    // whole warps, each warp's maximum into sc, the team's barrier, the team's words.
+    auto team_max = [&](u32 v, u32* sc) {
+        if constexpr (TPG <= 32) {
+            return lanes_max<TPG>(v);
+        } else {
+            const u32 wm = lanes_max<32>(v);
+            if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = wm;
+            team_barrier();
+            u32 m = 0u;
 #pragma unroll
-        for (int w = 0; w < WPG; ++w) m = umax(m, sc[slot * WPG + w]);
-        return m;
+            for (int w = 0; w < TPG / 32; ++w) m = umax(m, sc[slot * (TPG / 32) + w]);
+            return m;
+        }
     };
     // This thread's vectors j < nin lie inside a row, the same for every row.
     int nin = 0;
@@ -459,20 +467,10 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
         };
         // The team's maximum, and whether it must divide again: a decision of the warp
         // where teams share shuffles (teams within a warp).
-        u32 amax;
-        bool again_all;
-        if constexpr (TPG <= 32) {
-            amax = lanes_max<TPG>(mine);
-            again_all = __any_sync(0xffffffffu, redo(amax));
-        } else {
-            u32* sc = scratch[parity];
-            parity ^= 1;
-            const u32 wm = lanes_max<32>(mine);
-            if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = wm;
-            team_barrier();
-            amax = team_words_max(sc);
-            again_all = redo(amax);
-        }
+        u32 amax = team_max(mine, scratch[parity]);
+        parity ^= 1;
+        bool again_all = redo(amax);
+        if constexpr (TPG <= 32) again_all = __any_sync(0xffffffffu, again_all);
         if (!again_all) {
             // amax in [2**-20, 2**99] or 0: the scale is normal and every quotient is
             // within divide_fast's range (two corrections for float32 dividends).
@@ -495,15 +493,8 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
             val[j] = smooth_vec<Tin, VEC>(load_vec<Tin, VEC>(x + r * K + e), load_vec<float, VEC>(smooth + e).v);
             again.add(val[j]);
         });
-        if constexpr (TPG <= 32) {
-            amax = lanes_max<TPG>(again.bits());
-        } else {
-            team_barrier();  // the team's previous second reduction has read scratch[2]
-            const u32 wm = lanes_max<32>(again.bits());
-            if ((threadIdx.x & 31) == 0) scratch[2][threadIdx.x >> 5] = wm;
-            team_barrier();
-            amax = team_words_max(scratch[2]);
-        }
+        if constexpr (TPG > 32) team_barrier();  // the team's last second reduction has read scratch[2]
+        amax = team_max(again.bits(), scratch[2]);
         const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
         if (live && lane == 0) scale[r] = s;
         const DivPlan plan = plan_division(s);

@@ -474,7 +474,14 @@ def test_smooth_quant_rows(dtype, wide, rng, smooth_rows_kernel, monkeypatch):
 
     if not wide:
         monkeypatch.setattr(_symmetric, "SMOOTH_WIDE_MIN_ELEMENTS", 1 << 62)
+    picked = []  # the geometries smooth_quant_rows was launched with
+    expr = _symmetric.smooth_expr
+    monkeypatch.setattr(_symmetric, "smooth_expr",
+                        lambda t, vec, geom: picked.append(geom) or expr(t, vec, geom))
+    nvec_7168 = 7168 * np.dtype(FLOATS[dtype].numpy).itemsize // 16
+    assert _symmetric.smooth_geometry(nvec_7168, True) != _symmetric.smooth_geometry(nvec_7168, False)
     for k in (40, 1000, 7168):
+        picked.clear()
         inside = rng.uniform(0.5, 2, k) * 2.0 ** rng.integers(-4, 5, k) * rng.choice([-1, 1], k)
         inside[:2] = (2.0 ** -32, -(2.0 ** 32))
         outside = inside.copy()
@@ -484,6 +491,8 @@ def test_smooth_quant_rows(dtype, wide, rng, smooth_rows_kernel, monkeypatch):
                              dtype)
             host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth), {})
             _compare(None, host, dev, f"smooth_quant K={k} {dtype}")
+        nvec = k * np.dtype(FLOATS[dtype].numpy).itemsize // 16
+        assert set(picked) == {_symmetric.smooth_geometry(nvec, wide)}, (k, picked)
 
 
 def test_smooth_quant_quotients(rng, smooth_rows_kernel):
