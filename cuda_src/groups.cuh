@@ -219,6 +219,22 @@ __device__ __forceinline__ Vec<T, VEC> load_unit(const T* p) {
 }
 
 template <typename T, int VEC>
+__device__ __forceinline__ void store_unit(T* p, const Vec<T, VEC>& v);
+
+// A unit's 16 bytes as one store instruction. In the two-pass quantizer a plain store of
+// the zero point's reconstruction came out as six 16-bit and two 32-bit stores for each
+// lane's first unit (0.81 -> 0.85 of copy once whole, benchmarks/NOTES.md).
+template <typename T, int VEC>
+__device__ __forceinline__ void store_unit_whole(T* p, const Vec<T, VEC>& v) {
+    if constexpr (VEC * sizeof(T) == 16) {
+        const u32* w = reinterpret_cast<const u32*>(&v);
+        __stwb(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
+    } else {
+        store_unit<T, VEC>(p, v);
+    }
+}
+
+template <typename T, int VEC>
 __device__ __forceinline__ void store_unit(T* p, const Vec<T, VEC>& v) {
     if constexpr (VEC * sizeof(T) == 16) {
         store_vec<T, VEC>(p, v);
@@ -365,8 +381,9 @@ struct QuantArgs {
 };
 
 // Encodes one unit whose first element is element `el` of its chunk and `e` of the tensor.
-// ALT selects the format's second variant.
-template <class F, typename T, int VEC, int NSUB, bool CAREFUL, bool ALT>
+// ALT selects the format's second variant. WHOLE stores a 16-byte reconstruction with the
+// store intrinsic (store_unit_whole).
+template <class F, typename T, int VEC, int NSUB, bool CAREFUL, bool ALT, bool WHOLE = false>
 __device__ __forceinline__ void emit_unit(const Vec<T, VEC>& xv, const typename F::Params (&prm)[NSUB],
                                           const u32 (&rnd)[VEC], i64 el, i64 e, const QuantArgs& a,
                                           u8* q, T* deq) {
@@ -381,7 +398,8 @@ __device__ __forceinline__ void emit_unit(const Vec<T, VEC>& xv, const typename 
         }
     }
     store_codes<F::BITS, F::LOW_FIRST, VEC>(q, e - el, el, r);
-    if constexpr (F::DEQUANT) store_unit<T, VEC>(deq + e, convert_vec<T, VEC>(d));
+    if constexpr (F::DEQUANT && WHOLE) store_unit_whole<T, VEC>(deq + e, convert_vec<T, VEC>(d));
+    if constexpr (F::DEQUANT && !WHOLE) store_unit<T, VEC>(deq + e, convert_vec<T, VEC>(d));
 }
 
 template <class P, int N> struct ParamsOf { P p[N]; };
@@ -401,7 +419,7 @@ __device__ __noinline__ void emit_unit_careful(Vec<T, VEC> xv, ParamsOf<typename
     }
 }
 
-template <class F, typename T, int VEC, int NSUB>
+template <class F, typename T, int VEC, int NSUB, bool WHOLE = false>
 __device__ __forceinline__ void emit_unit_any(const Vec<T, VEC>& xv, const typename F::Params (&prm)[NSUB],
                                               i64 el, i64 e, const QuantArgs& a, const u32* rbits,
                                               u8* q, T* deq) {
@@ -417,9 +435,9 @@ __device__ __forceinline__ void emit_unit_any(const Vec<T, VEC>& xv, const typen
     u32 rnd[VEC];
     F::template random<VEC>(rnd, e, a, rbits);
     if (F::alternate(a)) {
-        emit_unit<F, T, VEC, NSUB, false, true>(xv, prm, rnd, el, e, a, q, deq);
+        emit_unit<F, T, VEC, NSUB, false, true, WHOLE>(xv, prm, rnd, el, e, a, q, deq);
     } else {
-        emit_unit<F, T, VEC, NSUB, false, false>(xv, prm, rnd, el, e, a, q, deq);
+        emit_unit<F, T, VEC, NSUB, false, false, WHOLE>(xv, prm, rnd, el, e, a, q, deq);
     }
 }
 
@@ -649,7 +667,7 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
                         const int u = u0 + k * 32 + wl;
                         if (u < units) {
                             const Params pr[1] = {prm_of[warp][u0 / UNITS + k * (32 / UNITS) + wl / UNITS]};
-                            emit_unit_any<F, T, VEC, 1>(v[k], pr, (i64)u * VEC, e0 + (i64)u * VEC, a, rbits, q, deq);
+                            emit_unit_any<F, T, VEC, 1, true>(v[k], pr, (i64)u * VEC, e0 + (i64)u * VEC, a, rbits, q, deq);
                         }
                     }
                 }

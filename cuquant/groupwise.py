@@ -131,9 +131,10 @@ def quant_expr(fmt: str, t: FloatType, vec: int, geom) -> str:
 # benchmarks/NOTES.md): two 32 KB stages a block, so that three blocks share a
 # multiprocessor. Each thread holds `hold` units of a group (a caller's own choice, as the
 # zero-point format makes, or else this table's): `hold_large` for groups of
-# `large_units` units and more of 16-bit data. The DeepSpeed format's groups of up to 32
-# units (`two_pass`) take the kernel that reduces a warp's groups first and writes their
-# codes in a second pass over the stage.
+# `large_units` units and more of 16-bit data. Groups of up to 32 units (a caller may set a
+# lower bound, as the zero-point format does by rounding) take the kernel that reduces a
+# warp's groups first and writes their codes in a second pass over the stage, when
+# `two_pass` is on.
 STAGED = {"stage_bytes": 32 * 1024, "smem_per_block": 64 * 1024, "min_bytes": 1 << 20,
           "hold": 4, "hold_large": 8, "large_units": 64, "two_pass": True}
 STAGED_THREADS = 288
@@ -179,12 +180,16 @@ def two_pass_geometry(units: int) -> tuple[int, int, int]:
 TWO_PASS_GEOMETRIES = tuple(two_pass_geometry(u) for u in (1, 2, 4, 8, 16, 32))
 
 
-def staged_choice(units: int, t: FloatType, hold: int = 0, two_pass: bool = True) -> tuple:
+TWO_PASS_MAX_UNITS = 32  # the two-pass kernel's largest group: a warp's 32 lanes
+
+
+def staged_choice(units: int, t: FloatType, hold: int = 0,
+                  two_pass_units: int = TWO_PASS_MAX_UNITS) -> tuple:
     """The staged geometry for groups of `units` units of t: two passes for groups of up
-    to 32 units (when the caller's `two_pass` and STAGED["two_pass"]), else one pass with
+    to `two_pass_units` units that divide 32 (when STAGED["two_pass"]), else one pass with
     the caller's `hold` units a thread, or with hold 0 STAGED's choice (`hold_large` units a
     thread for large groups of 16-bit data, `hold` otherwise)."""
-    if two_pass and STAGED["two_pass"] and 32 % units == 0:
+    if STAGED["two_pass"] and units <= two_pass_units and 32 % units == 0:
         return two_pass_geometry(units)
     if not hold:
         large = units >= STAGED["large_units"] and t.numpy.itemsize == 2
@@ -195,7 +200,7 @@ def staged_choice(units: int, t: FloatType, hold: int = 0, two_pass: bool = True
 def quant_specializations(src: str, fmt_of_bits, types, big: bool = True, holds=(2, 4),
                           two_pass: bool = False):
     """The quantizer's specializations for a format: `holds`, the staged kernel's units a
-    thread; `two_pass`, whether the format takes the two-pass staged kernel."""
+    thread; `two_pass`, whether the format ever takes the two-pass staged kernel."""
     staged = staged_geometries(holds) + (TWO_PASS_GEOMETRIES if two_pass else ())
     for t, bits in itertools.product(types, BITS):
         for geom in fast_geometries(big):
@@ -252,23 +257,24 @@ def _quant_plan(src, fmt, t, vec, geom, device):
 
 
 def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbits=None,
-                  big: bool = True, hold: int = 0, two_pass: bool = True):
+                  big: bool = True, hold: int = 0, two_pass_units: int = TWO_PASS_MAX_UNITS):
     """The launch plan of quantize_groups over the C-contiguous x (n elements, n % g == 0),
     None when x is empty. The fast path needs g to be a multiple of a 16-byte unit and
     16-byte aligned x (and rbits); otherwise units are one byte of codes and a chunk is two
     groups when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on
-    the device at once. `hold` and `two_pass`: the staged kernel's geometry (staged_choice).
+    the device at once. `hold` and `two_pass_units`: the staged kernel's geometry
+    (staged_choice).
     What a problem needs is worked out once (`_problem_plan`)."""
     n = x.size
     if n == 0:
         return None
     aligned = (x.data.ptr | (0 if rbits is None else rbits.data.ptr)) % 16 == 0
-    key = ("quant-problem", src, bits, t.name, n, g, aligned, big, hold, two_pass,
+    key = ("quant-problem", src, bits, t.name, n, g, aligned, big, hold, two_pass_units,
            x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         plan = _gpu.remember(_plans, key, _problem_plan(
-            src, fmt_of_bits(bits), t, bits, n, g, aligned, big, hold, two_pass,
+            src, fmt_of_bits(bits), t, bits, n, g, aligned, big, hold, two_pass_units,
             x.data.device_id))
     return plan
 
@@ -297,13 +303,13 @@ class QuantizeRun:
 
 
 def _problem_plan(src, fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool, big: bool,
-                  hold: int, two_pass: bool, device: int):
+                  hold: int, two_pass_units: int, device: int):
     """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
     vec = t.vector_width
     fast = g % vec == 0 and aligned
     if fast and _staged(n * t.numpy.itemsize, t, g, device):
         launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(src, fmt, t, g, hold,
-                                                                        two_pass, device)
+                                                                        two_pass_units, device)
         groups = n // g
         return (launch, min(-(-groups // gpc), resident), STAGED_THREADS, (groups, g),
                 (gpc, stages, stage_bytes))
@@ -324,11 +330,11 @@ def _staged(nbytes: int, t: FloatType, g: int, device: int) -> bool:
             and units <= STAGED_MAX_UNITS and staged_device(device))
 
 
-def _quant_staged_plan(src, fmt, t, g, hold, two_pass, device):
-    key = ("quant-staged", src, fmt, t.name, g, hold, two_pass, device)
+def _quant_staged_plan(src, fmt, t, g, hold, two_pass_units, device):
+    key = ("quant-staged", src, fmt, t.name, g, hold, two_pass_units, device)
     plan = _plans.get(key)
     if plan is None:
-        geom = staged_choice(g // t.vector_width, t, hold, two_pass)
+        geom = staged_choice(g // t.vector_width, t, hold, two_pass_units)
         fn = _kernels.function(src, quant_staged_expr(fmt, t, geom), device)
         stage_bytes = STAGED["stage_bytes"]
         stages = max(1, min(8, STAGED["smem_per_block"] // stage_bytes))

@@ -43,13 +43,15 @@ NEAREST, RBITS, PHILOX = 0, 1, 2   # ZpMode in cuda_src/zero_point.cu
 # with four).
 DQ_UNROLL = 1
 
-# The staged quantizer's geometry by mode: units a thread in one pass, and whether groups
-# of up to 32 units take the two-pass kernel instead. Measured on an H200 (fp16 16384 x
-# 7168, benchmarks/NOTES.md): nearest with 2 units against 4, 0.78 -> 0.82 (4-bit G=128),
-# 0.71 -> 0.80 (4-bit G=64); seeded stochastic rounding loses with 2 (0.457 -> 0.424).
-# Two passes: caller's words gain (G=32 0.62 -> 0.83, G=128 0.80 -> 0.83, 4-bit), nearest
-# and seeded rounding lose (G=128 0.83 -> 0.81, 0.57 -> 0.55).
-STAGED_HOLD = {NEAREST: (2, False), RBITS: (4, True), PHILOX: (4, False)}
+# The staged quantizer's geometry by mode: units a thread in one pass, and the largest
+# group (in 16-byte units) that takes the two-pass kernel instead. Measured on an H200
+# (fp16 16384 x 7168, benchmarks/NOTES.md): one pass, nearest with 2 units against 4, 0.78
+# -> 0.82 (4-bit G=128), 0.71 -> 0.80 (4-bit G=64); seeded stochastic rounding loses with 2
+# (0.457 -> 0.424). Two passes against one: the caller's words gain (4-bit G=32 0.62 ->
+# 0.83, G=128 0.80 -> 0.83), nearest gains at every group size up to 256 (4-bit G=128 0.83
+# -> 0.85, 8-bit G=32 0.80 -> 0.86), seeded rounding gains at G=32 (8-bit 0.39 -> 0.61) and
+# loses from G=64 (0.58 -> 0.56) on.
+STAGED_HOLD = {NEAREST: (2, 32), RBITS: (4, 32), PHILOX: (4, 4)}
 
 __all__ = ["quantize_groupwise_zero_point", "dequantize_groupwise_zero_point", "random_bits"]
 
@@ -90,9 +92,9 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
             ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
             ((m, k // g), t.numpy), ((m, k), t.numpy)))
     rb = None if rbits is None else contiguous(rbits)
-    hold, two_pass = STAGED_HOLD[mode]
+    hold, two_pass_units = STAGED_HOLD[mode]
     plan = quantize_plan(SRC, _zp_format, xc, t, bits, g, rb, big=False, hold=hold,
-                         two_pass=two_pass)
+                         two_pass_units=two_pass_units)
     if plan is None:
         return outputs.make(), False
     run = QuantizeRun(outputs, plan, mode, seed)
