@@ -131,10 +131,10 @@ def quant_expr(fmt: str, t: FloatType, vec: int, geom) -> str:
 # benchmarks/NOTES.md): two 32 KB stages a block, so that three blocks share a
 # multiprocessor. Each thread holds `hold` units of a group (a caller's own choice, as the
 # zero-point format makes, or else this table's): `hold_large` for groups of
-# `large_units` units and more of 16-bit data. Groups of up to 32 units (a caller may set a
-# lower bound, as the zero-point format does by rounding) take the kernel that reduces a
-# warp's groups first and writes their codes in a second pass over the stage, when
-# `two_pass` is on.
+# `large_units` units and more of 16-bit data. Groups of a size in `two_pass_units` (every
+# divisor of 32 by default; the zero-point format picks its own by rounding) take the kernel
+# that reduces a warp's groups first and writes their codes in a second pass over the
+# stage, when `two_pass` is on.
 STAGED = {"stage_bytes": 32 * 1024, "smem_per_block": 64 * 1024, "min_bytes": 1 << 20,
           "hold": 4, "hold_large": 8, "large_units": 64, "two_pass": True}
 STAGED_THREADS = 288
@@ -180,16 +180,16 @@ def two_pass_geometry(units: int) -> tuple[int, int, int]:
 TWO_PASS_GEOMETRIES = tuple(two_pass_geometry(u) for u in (1, 2, 4, 8, 16, 32))
 
 
-TWO_PASS_MAX_UNITS = 32  # the two-pass kernel's largest group: a warp's 32 lanes
+TWO_PASS_UNITS = (1, 2, 4, 8, 16, 32)  # the group sizes the two-pass kernel takes: 32's divisors
 
 
 def staged_choice(units: int, t: FloatType, hold: int = 0,
-                  two_pass_units: int = TWO_PASS_MAX_UNITS) -> tuple:
-    """The staged geometry for groups of `units` units of t: two passes for groups of up
-    to `two_pass_units` units that divide 32 (when STAGED["two_pass"]), else one pass with
-    the caller's `hold` units a thread, or with hold 0 STAGED's choice (`hold_large` units a
-    thread for large groups of 16-bit data, `hold` otherwise)."""
-    if STAGED["two_pass"] and units <= two_pass_units and 32 % units == 0:
+                  two_pass_units: tuple = TWO_PASS_UNITS) -> tuple:
+    """The staged geometry for groups of `units` units of t: two passes for groups whose
+    size is in `two_pass_units` (when STAGED["two_pass"]), else one pass with the caller's
+    `hold` units a thread, or with hold 0 STAGED's choice (`hold_large` units a thread for
+    large groups of 16-bit data, `hold` otherwise)."""
+    if STAGED["two_pass"] and units in two_pass_units and 32 % units == 0:
         return two_pass_geometry(units)
     if not hold:
         large = units >= STAGED["large_units"] and t.numpy.itemsize == 2
@@ -257,7 +257,7 @@ def _quant_plan(src, fmt, t, vec, geom, device):
 
 
 def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbits=None,
-                  big: bool = True, hold: int = 0, two_pass_units: int = TWO_PASS_MAX_UNITS):
+                  big: bool = True, hold: int = 0, two_pass_units: tuple = TWO_PASS_UNITS):
     """The launch plan of quantize_groups over the C-contiguous x (n elements, n % g == 0),
     None when x is empty. The fast path needs g to be a multiple of a 16-byte unit and
     16-byte aligned x (and rbits); otherwise units are one byte of codes and a chunk is two
@@ -303,7 +303,7 @@ class QuantizeRun:
 
 
 def _problem_plan(src, fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool, big: bool,
-                  hold: int, two_pass_units: int, device: int):
+                  hold: int, two_pass_units: tuple, device: int):
     """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
     vec = t.vector_width
     fast = g % vec == 0 and aligned

@@ -43,15 +43,16 @@ NEAREST, RBITS, PHILOX = 0, 1, 2   # ZpMode in cuda_src/zero_point.cu
 # with four).
 DQ_UNROLL = 1
 
-# The staged quantizer's geometry by mode: units a thread in one pass, and the largest
-# group (in 16-byte units) that takes the two-pass kernel instead. Measured on an H200
-# (fp16 16384 x 7168, benchmarks/NOTES.md): one pass, nearest with 2 units against 4, 0.78
-# -> 0.82 (4-bit G=128), 0.71 -> 0.80 (4-bit G=64); seeded stochastic rounding loses with 2
-# (0.457 -> 0.424). Two passes against one: the caller's words gain (4-bit G=32 0.62 ->
-# 0.83, G=128 0.80 -> 0.83), nearest gains at every group size up to 256 (4-bit G=128 0.83
-# -> 0.85, 8-bit G=32 0.80 -> 0.86), seeded rounding gains at G=32 (8-bit 0.39 -> 0.61) and
-# loses from G=64 (0.58 -> 0.56) on.
-STAGED_HOLD = {NEAREST: (2, 32), RBITS: (4, 32), PHILOX: (4, 4)}
+# The staged quantizer's geometry by mode: units a thread in one pass, and the group sizes
+# (in 16-byte units) that take the two-pass kernel instead. Measured on an H200 (fp16
+# 16384 x 7168, benchmarks/NOTES.md): one pass, nearest with 2 units a thread against 4,
+# 0.78 -> 0.82 (4-bit G=128), 0.71 -> 0.80 (4-bit G=64); seeded stochastic rounding loses
+# with 2 (0.457 -> 0.424). Two passes against one gain for nearest from 2 to 32 units
+# (4-bit G=128 0.83 -> 0.85, 8-bit G=32 0.79 -> 0.86, 8-bit G=16 0.60 -> 0.83) and for the
+# caller's words (4-bit G=32 0.62 -> 0.83); seeded rounding gains at 4 units only (8-bit
+# G=32 0.39 -> 0.61; G=16 0.58 -> 0.54, G=64 0.64 -> 0.63). Groups of one unit (G=8) keep
+# one pass in every mode (nearest 0.82 against 0.65, the caller's words 0.92 against 0.73).
+STAGED_HOLD = {NEAREST: (2, (2, 4, 8, 16, 32)), RBITS: (4, (2, 4, 8, 16, 32)), PHILOX: (4, (4,))}
 
 __all__ = ["quantize_groupwise_zero_point", "dequantize_groupwise_zero_point", "random_bits"]
 

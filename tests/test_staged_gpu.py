@@ -92,10 +92,13 @@ def test_staged_matches_numpy(op, variant, dtype, config, staged, rng):
             _compare(op, host, dev, f"{op.name} {shape} {variant}")
     assert staged.plans(), f"{op.name} {variant} never took the staged kernel"
     units = variant["group_size"] * {"float32": 4}.get(dtype, 2) // 16
-    # The DeepSpeed format up to 32 units; the zero point by rounding: nearest and the
-    # caller's words up to 32 units, seeded words up to 4.
-    most = {"rbits": 32, "seed": 4}.get(variant.get("source"), 32)
-    two_pass = units <= most and 32 % units == 0 and CONFIGS[config].get("two_pass", True)
+    # The DeepSpeed format for every divisor of 32 units; the zero point by rounding:
+    # nearest and the caller's words from 2 to 32 units, seeded words at 4.
+    if op.family == "groupwise":
+        sizes = (1, 2, 4, 8, 16, 32)
+    else:
+        sizes = (4,) if variant.get("source") == "seed" else (2, 4, 8, 16, 32)
+    two_pass = units in sizes and CONFIGS[config].get("two_pass", True)
     assert {e.endswith(", 0>") for e in staged.kernels()} == {not two_pass}, \
         (config, staged.kernels())
 
