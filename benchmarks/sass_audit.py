@@ -190,28 +190,16 @@ def _whole_elf(image: bytes) -> bytes:
     return image + b"\0" if len(image) == end - 1 else image
 
 
-def cubins(arch: str, sources: list[str] | None = None, chunk: int = 400):
-    """(source, cubin) for every specialization, compiled by NVRTC as compile_all does."""
+def cubins(arch: str, sources: list[str] | None = None):
+    """(source, cubin) for every program `_kernels.programs` compiles."""
     from cupy_backends.cuda.libs import nvrtc
 
     from cuquant import _kernels
 
-    table = _kernels.all_specializations()
-    options = _kernels.OPTIONS + ("-ftz=true", f"-arch={arch}",
-                                  "--device-as-default-execution-space")
-    for src, exprs in table.items():
-        if sources and src not in sources:
-            continue
-        text = _kernels.source(src)
-        for i in range(0, len(exprs), chunk):
-            prog = nvrtc.createProgram(text, src, [], [])
-            try:
-                for e in exprs[i:i + chunk]:
-                    nvrtc.addNameExpression(prog, e)
-                nvrtc.compileProgram(prog, list(options))
-                yield src, _whole_elf(nvrtc.getCUBIN(prog))
-            finally:
-                nvrtc.destroyProgram(prog)
+    table = {src: exprs for src, exprs in _kernels.all_specializations().items()
+             if not sources or src in sources}
+    for src, _, prog in _kernels.programs(arch, table):
+        yield src, _whole_elf(nvrtc.getCUBIN(prog))
 
 
 def main() -> int:

@@ -218,25 +218,16 @@ __device__ __forceinline__ Vec<T, VEC> load_unit(const T* p) {
     return r;
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ void store_unit(T* p, const Vec<T, VEC>& v);
-
-// A unit's 16 bytes as one store instruction. In the two-pass quantizer a plain store of
-// the zero point's reconstruction came out as six 16-bit and two 32-bit stores for each
-// lane's first unit (0.81 -> 0.85 of copy once whole, benchmarks/NOTES.md).
-template <typename T, int VEC>
-__device__ __forceinline__ void store_unit_whole(T* p, const Vec<T, VEC>& v) {
-    if constexpr (VEC * sizeof(T) == 16) {
+// WHOLE writes a 16-byte unit with the store intrinsic, one instruction whatever the
+// compiler makes of the code around it: in the two-pass quantizer a plain store of the zero
+// point's reconstruction came out as six 16-bit and two 32-bit stores for each lane's first
+// unit (0.81 -> 0.85 of copy once whole, benchmarks/NOTES.md).
+template <typename T, int VEC, bool WHOLE = false>
+__device__ __forceinline__ void store_unit(T* p, const Vec<T, VEC>& v) {
+    if constexpr (VEC * sizeof(T) == 16 && WHOLE) {
         const u32* w = reinterpret_cast<const u32*>(&v);
         __stwb(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
-    } else {
-        store_unit<T, VEC>(p, v);
-    }
-}
-
-template <typename T, int VEC>
-__device__ __forceinline__ void store_unit(T* p, const Vec<T, VEC>& v) {
-    if constexpr (VEC * sizeof(T) == 16) {
+    } else if constexpr (VEC * sizeof(T) == 16) {
         store_vec<T, VEC>(p, v);
     } else if constexpr (VEC * sizeof(T) == 32) {
         Vec<T, VEC / 2> a, b;
@@ -381,8 +372,8 @@ struct QuantArgs {
 };
 
 // Encodes one unit whose first element is element `el` of its chunk and `e` of the tensor.
-// ALT selects the format's second variant. WHOLE stores a 16-byte reconstruction with the
-// store intrinsic (store_unit_whole).
+// ALT selects the format's second variant; WHOLE, how the reconstruction is stored
+// (store_unit).
 template <class F, typename T, int VEC, int NSUB, bool CAREFUL, bool ALT, bool WHOLE = false>
 __device__ __forceinline__ void emit_unit(const Vec<T, VEC>& xv, const typename F::Params (&prm)[NSUB],
                                           const u32 (&rnd)[VEC], i64 el, i64 e, const QuantArgs& a,
@@ -398,8 +389,7 @@ __device__ __forceinline__ void emit_unit(const Vec<T, VEC>& xv, const typename 
         }
     }
     store_codes<F::BITS, F::LOW_FIRST, VEC>(q, e - el, el, r);
-    if constexpr (F::DEQUANT && WHOLE) store_unit_whole<T, VEC>(deq + e, convert_vec<T, VEC>(d));
-    if constexpr (F::DEQUANT && !WHOLE) store_unit<T, VEC>(deq + e, convert_vec<T, VEC>(d));
+    if constexpr (F::DEQUANT) store_unit<T, VEC, WHOLE>(deq + e, convert_vec<T, VEC>(d));
 }
 
 template <class P, int N> struct ParamsOf { P p[N]; };

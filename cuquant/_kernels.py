@@ -100,16 +100,15 @@ def all_specializations() -> dict[str, list[str]]:
     return table
 
 
-def compile_all(arch: str, sources: dict[str, list[str]] | None = None,
-                chunk: int = 400) -> dict[str, int]:
-    """Compile every specialization with NVRTC for `arch` (e.g. "sm_90") in as few
-    programs as possible, with the options CuPy uses. Returns the count per source and
-    raises RuntimeError with NVRTC's log on the first failure. Needs NVRTC, not a GPU."""
+def programs(arch: str, sources: dict[str, list[str]] | None = None, chunk: int = 400):
+    """Compile every specialization with NVRTC for `arch` (e.g. "sm_90") in as few programs
+    as possible, with the options CuPy uses; yields (source, name expressions, program)
+    for each compiled program, destroyed once the caller moves on. Raises RuntimeError with
+    NVRTC's log on the first failure. Needs NVRTC, not a GPU."""
     from cupy_backends.cuda.libs import nvrtc
 
     sources = all_specializations() if sources is None else sources
     options = OPTIONS + ("-ftz=true", f"-arch={arch}", "--device-as-default-execution-space")
-    counts = {}
     for src, exprs in sources.items():
         text = source(src)
         for i in range(0, len(exprs), chunk):
@@ -124,9 +123,20 @@ def compile_all(arch: str, sources: dict[str, list[str]] | None = None,
                     raise RuntimeError(
                         f"NVRTC failed on {src} for {arch}:\n{nvrtc.getProgramLog(prog)}"
                     ) from None
-                for e in part:  # every expression must have produced a kernel
-                    nvrtc.getLoweredName(prog, e)
+                yield src, part, prog
             finally:
                 nvrtc.destroyProgram(prog)
-        counts[src] = len(exprs)
+
+
+def compile_all(arch: str, sources: dict[str, list[str]] | None = None,
+                chunk: int = 400) -> dict[str, int]:
+    """Compile every specialization (`programs`) and check that each name expression made
+    a kernel. Returns the count per source."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    counts: dict[str, int] = {}
+    for src, part, prog in programs(arch, sources, chunk):
+        for e in part:
+            nvrtc.getLoweredName(prog, e)
+        counts[src] = counts.get(src, 0) + len(part)
     return counts
