@@ -2,7 +2,8 @@
 // QuantizeGroupwise, SPEC section 6), and its inverse.
 //
 //   quantize_groups<ZeroPoint<BITS>, T, ...>    codes, scales, zeros and the reconstruction;
-//                                               `mode` picks the rounding (ZpMode)
+//                                               `mode` picks the rounding (ZpMode);
+//                                               ZeroPoint<BITS, true> only rounds to nearest
 //   dequantize_groups<ZeroPointCodes<BITS, TS>, Tout, VEC>
 #include "groups.cuh"
 
@@ -42,15 +43,20 @@ __device__ __forceinline__ Words4 philox_block(u64 c, u32 seed_lo, u32 seed_hi) 
 //
 // With integer bounds, clamp(R(v) + z, 0, Q) equals R(clamp(v, -z, Q - z)) + z for both
 // roundings, and the clamped value is small enough for the 1.5 * 2**23 rounding trick.
-template <int B>
+// NEAREST_ONLY builds the format for ZP_NEAREST alone, without the stochastic modes' code
+// (the staged kernels of rounding to nearest: smaller, and faster on an H200).
+template <int B, bool NEAREST_ONLY = false>
 struct ZeroPoint {
     static constexpr int BITS = B;
     static constexpr bool LOW_FIRST = true, DEQUANT = true;
     static constexpr int QMAX = (1 << B) - 1;
-    struct Params {
-        DivPlan plan;
-        float s, z, lo_b, hi_b;
+    // What encode reads first, in two 16-byte words: the two-pass kernel keeps a group's
+    // Params in shared memory and reads them for every unit.
+    struct __align__(16) Params {
+        float nb, y;    // -s and RN(1/s), x / s on the fast path
+        float s, lo_b, hi_b;
         u32 zi;
+        float z;
         bool careful;   // s is inf or NaN, or x / s needs div.rn (see prepare)
     };
 
@@ -64,12 +70,14 @@ struct ZeroPoint {
         p.z = (float)p.zi;
         p.lo_b = fneg(p.z);
         p.hi_b = (float)(QMAX - (int)p.zi);
-        p.plan = plan_division(p.s);
+        const DivPlan plan = plan_division(p.s);
+        p.nb = plan.nb;
+        p.y = plan.y;
         // divide() is exact while |x| <= 2**9 s; beyond, this group takes div.rn.
         const float amax = fmax_nan(fabs_bits(lo), fabs_bits(hi));
-        if (!(f2u(amax) <= f2u(mul_rn(p.s, 512.0f)))) p.plan.exact = true;
+        const bool wide = !(f2u(amax) <= f2u(mul_rn(p.s, 512.0f)));
         // (s is 0 or at least 2**-25 here, so the plan never prescales; checked all the same.)
-        p.careful = p.plan.exact || p.plan.scaled || !finite(p.s);
+        p.careful = wide || plan.exact || plan.scaled || !finite(p.s);
         return p;
     }
 
@@ -83,11 +91,11 @@ struct ZeroPoint {
     // The random words of the unit at element e.
     template <int VEC>
     __device__ static __forceinline__ void random(u32 (&r)[VEC], i64 e, const QuantArgs& a, const u32* rbits) {
-        if (a.mode == ZP_RBITS) {
+        if (!NEAREST_ONLY && a.mode == ZP_RBITS) {
             const Vec<u32, VEC> w = load_unit<u32, VEC>(rbits + e);
 #pragma unroll
             for (int k = 0; k < VEC; ++k) r[k] = w.v[k];
-        } else if (a.mode == ZP_PHILOX) {
+        } else if (!NEAREST_ONLY && a.mode == ZP_PHILOX) {
             // e is a multiple of VEC: a unit of four elements or fewer lies in one block of
             // words, a longer one spans whole blocks. One block is made for each.
             static_assert(VEC % 4 == 0 || 4 % VEC == 0, "units lie in whole blocks of words");
@@ -112,7 +120,9 @@ struct ZeroPoint {
 
     // The code in the low BITS bits of the result; d gets f32(q - z) * s.
     // The stochastic variant, compiled apart.
-    __device__ static __forceinline__ bool alternate(const QuantArgs& a) { return a.mode != ZP_NEAREST; }
+    __device__ static __forceinline__ bool alternate(const QuantArgs& a) {
+        return !NEAREST_ONLY && a.mode != ZP_NEAREST;
+    }
 
     // CAREFUL divides with div.rn (any x, any s) and maps NaN to code 0. Otherwise x and s
     // are 16-bit values with |x| <= 2**9 s and s >= 2**-25, where the reciprocal and one
@@ -122,7 +132,7 @@ struct ZeroPoint {
     // never looked at: the clamp, the rounding and the comparison treat -0 as +0.
     template <bool CAREFUL, bool STOCH, typename>
     __device__ static __forceinline__ u32 encode(float x, const Params& p, u32 rnd, float& d) {
-        const float v = CAREFUL ? div_rn(x, p.s) : divide_fast<1>(x, p.plan);
+        const float v = CAREFUL ? div_rn(x, p.s) : divide_by_reciprocal<1>(x, p.nb, p.y);
         if (CAREFUL && is_nan(v)) {
             d = mul_rn(sub_rn(0.0f, p.z), p.s);
             return 0u;

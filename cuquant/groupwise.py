@@ -198,15 +198,18 @@ def staged_choice(units: int, t: FloatType, hold: int = 0,
 
 
 def quant_specializations(src: str, fmt_of_bits, types, big: bool = True, holds=(2, 4),
-                          two_pass: bool = False):
+                          two_pass_units: tuple = (), direct: bool = True):
     """The quantizer's specializations for a format: `holds`, the staged kernel's units a
-    thread; `two_pass`, whether the format ever takes the two-pass staged kernel."""
-    staged = staged_geometries(holds) + (TWO_PASS_GEOMETRIES if two_pass else ())
+    thread; `two_pass_units`, the group sizes (in 16-byte units) that take the two-pass
+    staged kernel; `direct`, whether the format serves the kernels that hold groups in
+    registers too, or only the staged ones."""
+    staged = staged_geometries(holds) + tuple(two_pass_geometry(u) for u in two_pass_units)
     for t, bits in itertools.product(types, BITS):
-        for geom in fast_geometries(big):
-            yield src, quant_expr(fmt_of_bits(bits), t, t.vector_width, geom)
-        for geom in GENERAL_GEOMETRIES:
-            yield src, quant_expr(fmt_of_bits(bits), t, general_vec(bits), geom)
+        if direct:
+            for geom in fast_geometries(big):
+                yield src, quant_expr(fmt_of_bits(bits), t, t.vector_width, geom)
+            for geom in GENERAL_GEOMETRIES:
+                yield src, quant_expr(fmt_of_bits(bits), t, general_vec(bits), geom)
         for geom in staged:
             yield src, quant_staged_expr(fmt_of_bits(bits), t, geom)
 
@@ -230,7 +233,7 @@ def batched_expr(out: FloatType) -> str:
 def specializations():
     """Every (source, name expression) this module can launch."""
     yield from quant_specializations(SRC, _ds_format, FLOATS.values(), holds=(2, 4, 8),
-                                     two_pass=True)
+                                     two_pass_units=TWO_PASS_UNITS)
     for bits, sym, out in itertools.product(BITS, (False, True), FLOATS.values()):
         for vec in (out.vector_width, general_vec(bits)):
             yield SRC, dequant_expr(_ds_codes(bits, sym), out, vec, DQ_UNROLL)
@@ -257,24 +260,28 @@ def _quant_plan(src, fmt, t, vec, geom, device):
 
 
 def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbits=None,
-                  big: bool = True, hold: int = 0, two_pass_units: tuple = TWO_PASS_UNITS):
+                  big: bool = True, hold: int = 0, two_pass_units: tuple = TWO_PASS_UNITS,
+                  staged_fmt_of_bits=None):
     """The launch plan of quantize_groups over the C-contiguous x (n elements, n % g == 0),
     None when x is empty. The fast path needs g to be a multiple of a 16-byte unit and
     16-byte aligned x (and rbits); otherwise units are one byte of codes and a chunk is two
     groups when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on
     the device at once. `hold` and `two_pass_units`: the staged kernel's geometry
-    (staged_choice).
+    (staged_choice); `staged_fmt_of_bits`: the staged kernel's format, when not the other
+    kernels' one.
     What a problem needs is worked out once (`_problem_plan`)."""
     n = x.size
     if n == 0:
         return None
     aligned = (x.data.ptr | (0 if rbits is None else rbits.data.ptr)) % 16 == 0
-    key = ("quant-problem", src, bits, t.name, n, g, aligned, big, hold, two_pass_units,
-           x.data.device_id)
+    fmt = fmt_of_bits(bits)
+    staged_fmt = fmt if staged_fmt_of_bits is None else staged_fmt_of_bits(bits)
+    key = ("quant-problem", src, fmt, staged_fmt, t.name, n, g, aligned, big, hold,
+           two_pass_units, x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         plan = _gpu.remember(_plans, key, _problem_plan(
-            src, fmt_of_bits(bits), t, bits, n, g, aligned, big, hold, two_pass_units,
+            src, fmt, staged_fmt, t, bits, n, g, aligned, big, hold, two_pass_units,
             x.data.device_id))
     return plan
 
@@ -302,14 +309,14 @@ class QuantizeRun:
         return out
 
 
-def _problem_plan(src, fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool, big: bool,
-                  hold: int, two_pass_units: tuple, device: int):
+def _problem_plan(src, fmt, staged_fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool,
+                  big: bool, hold: int, two_pass_units: tuple, device: int):
     """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
     vec = t.vector_width
     fast = g % vec == 0 and aligned
     if fast and _staged(n * t.numpy.itemsize, t, g, device):
-        launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(src, fmt, t, g, hold,
-                                                                        two_pass_units, device)
+        launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(
+            src, staged_fmt, t, g, hold, two_pass_units, device)
         groups = n // g
         return (launch, min(-(-groups // gpc), resident), STAGED_THREADS, (groups, g),
                 (gpc, stages, stage_bytes))
