@@ -177,9 +177,6 @@ def two_pass_geometry(units: int) -> tuple[int, int, int]:
     return team, upt, max(1, min(32, 256 // units) // (32 // team))
 
 
-TWO_PASS_GEOMETRIES = tuple(two_pass_geometry(u) for u in (1, 2, 4, 8, 16, 32))
-
-
 TWO_PASS_UNITS = (1, 2, 4, 8, 16, 32)  # the group sizes the two-pass kernel takes: 32's divisors
 
 
