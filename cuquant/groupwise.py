@@ -271,12 +271,13 @@ def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbi
     if n == 0:
         return None
     aligned = (x.data.ptr | (0 if rbits is None else rbits.data.ptr)) % 16 == 0
-    fmt = fmt_of_bits(bits)
-    staged_fmt = fmt if staged_fmt_of_bits is None else staged_fmt_of_bits(bits)
-    key = ("quant-problem", src, fmt, staged_fmt, t.name, n, g, aligned, big, hold,
-           two_pass_units, x.data.device_id)
+    # The format functions themselves are in the key: their names are only made on a miss.
+    key = ("quant-problem", src, fmt_of_bits, staged_fmt_of_bits, bits, t.name, n, g,
+           aligned, big, hold, two_pass_units, x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
+        fmt = fmt_of_bits(bits)
+        staged_fmt = fmt if staged_fmt_of_bits is None else staged_fmt_of_bits(bits)
         plan = _gpu.remember(_plans, key, _problem_plan(
             src, fmt, staged_fmt, t, bits, n, g, aligned, big, hold, two_pass_units,
             x.data.device_id))

@@ -44,18 +44,6 @@ NEAREST, RBITS, PHILOX = 0, 1, 2   # ZpMode in cuda_src/zero_point.cu
 # with four).
 DQ_UNROLL = 1
 
-# The staged quantizer's geometry by mode: units a thread in one pass, and the group sizes
-# (in 16-byte units) that take the two-pass kernel instead. Measured on an H200 (fp16
-# 16384 x 7168, benchmarks/NOTES.md): one pass, nearest with 2 units a thread against 4,
-# 0.78 -> 0.82 (4-bit G=128), 0.71 -> 0.80 (4-bit G=64); seeded stochastic rounding loses
-# with 2 (0.457 -> 0.424). Two passes against one gain for nearest from 2 to 32 units
-# (4-bit G=128 0.83 -> 0.85, 8-bit G=32 0.79 -> 0.86, 8-bit G=16 0.60 -> 0.83) and for the
-# caller's words (4-bit G=32 0.62 -> 0.83); seeded rounding gains at 4 units only (8-bit
-# G=32 0.39 -> 0.61; G=16 0.58 -> 0.54, G=64 0.64 -> 0.63). Groups of one unit (G=8) keep
-# one pass in every mode (nearest 0.82 against 0.65, the caller's words 0.92 against 0.73).
-_ABOVE_ONE_UNIT = tuple(u for u in TWO_PASS_UNITS if u > 1)
-STAGED_HOLD = {NEAREST: (2, _ABOVE_ONE_UNIT), RBITS: (4, _ABOVE_ONE_UNIT), PHILOX: (4, (4,))}
-
 __all__ = ["quantize_groupwise_zero_point", "dequantize_groupwise_zero_point", "random_bits"]
 
 
@@ -68,11 +56,24 @@ def _zp_nearest_format(bits: int) -> str:
     return f"cq::ZeroPoint<{bits}, true>"
 
 
-# The staged kernels' format by mode. Rounding to nearest has kernels of its own: without
-# the stochastic modes' code they measured faster on an H200 (fp16 16384 x 7168, two passes:
-# 4-bit G=128 0.85 -> 0.865, 8-bit 0.865 -> 0.875, 4-bit G=16 0.79 -> 0.83). The kernels
-# that hold groups in registers (small or unaligned inputs) serve every mode.
-STAGED_FORMAT = {NEAREST: _zp_nearest_format, RBITS: _zp_format, PHILOX: _zp_format}
+# The staged quantizer by mode: its kernels' format, units a thread in one pass, and the
+# group sizes (in 16-byte units) that take the two-pass kernel instead. Measured on an
+# H200 (fp16 16384 x 7168, benchmarks/NOTES.md):
+# - rounding to nearest has kernels of its own: without the stochastic modes' code they
+#   are faster (two passes: 4-bit G=128 0.85 -> 0.865, 8-bit 0.865 -> 0.875, 4-bit G=16
+#   0.79 -> 0.83). The kernels that hold groups in registers (small or unaligned inputs)
+#   serve every mode;
+# - one pass, nearest with 2 units a thread against 4, 0.78 -> 0.82 (4-bit G=128), 0.71 ->
+#   0.80 (4-bit G=64); seeded stochastic rounding loses with 2 (0.457 -> 0.424);
+# - two passes against one gain for nearest from 2 to 32 units (4-bit G=128 0.83 -> 0.85,
+#   8-bit G=32 0.79 -> 0.86, 8-bit G=16 0.60 -> 0.83) and for the caller's words (4-bit
+#   G=32 0.62 -> 0.83); seeded rounding gains at 4 units only (8-bit G=32 0.39 -> 0.61;
+#   G=16 0.58 -> 0.54, G=64 0.64 -> 0.63). Groups of one unit (G=8) keep one pass in every
+#   mode (nearest 0.82 against 0.65, the caller's words 0.92 against 0.73).
+_ABOVE_ONE_UNIT = tuple(u for u in TWO_PASS_UNITS if u > 1)
+STAGED_BY_MODE = {NEAREST: (_zp_nearest_format, 2, _ABOVE_ONE_UNIT),
+                  RBITS: (_zp_format, 4, _ABOVE_ONE_UNIT),
+                  PHILOX: (_zp_format, 4, (4,))}
 
 
 def _zp_codes(bits: int, ts: FloatType) -> str:
@@ -85,12 +86,12 @@ def _code_type(bits: int):
 
 def specializations():
     """Every (source, name expression) this module can launch."""
-    for fmt in dict.fromkeys(STAGED_FORMAT.values()):
-        modes = [m for m, f in STAGED_FORMAT.items() if f is fmt]
+    for fmt in dict.fromkeys(f for f, _, _ in STAGED_BY_MODE.values()):
+        plans = [(hold, units) for f, hold, units in STAGED_BY_MODE.values() if f is fmt]
         yield from quant_specializations(
             SRC, fmt, HALVES.values(), big=False,
-            holds=tuple(sorted({STAGED_HOLD[m][0] for m in modes})),
-            two_pass_units=tuple(sorted({u for m in modes for u in STAGED_HOLD[m][1]})),
+            holds=tuple(sorted({hold for hold, _ in plans})),
+            two_pass_units=tuple(sorted({u for _, units in plans for u in units})),
             direct=fmt is _zp_format)
     for bits, ts, out in itertools.product(BITS, HALVES.values(), FLOATS.values()):
         for vec in (out.vector_width, general_vec(bits)):
@@ -113,9 +114,9 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
             ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
             ((m, k // g), t.numpy), ((m, k), t.numpy)))
     rb = None if rbits is None else contiguous(rbits)
-    hold, two_pass_units = STAGED_HOLD[mode]
+    staged_fmt_of_bits, hold, two_pass_units = STAGED_BY_MODE[mode]
     plan = quantize_plan(SRC, _zp_format, xc, t, bits, g, rb, big=False, hold=hold,
-                         two_pass_units=two_pass_units, staged_fmt_of_bits=STAGED_FORMAT[mode])
+                         two_pass_units=two_pass_units, staged_fmt_of_bits=staged_fmt_of_bits)
     if plan is None:
         return outputs.make(), False
     run = QuantizeRun(outputs, plan, mode, seed)

@@ -271,8 +271,7 @@ def test_launchable_specializations_are_enumerated():
     # The staged kernels each plan can pick: (format, units a thread, two-pass sizes), for
     # DeepSpeed's under every STAGED setting the tests use, for the zero point's by mode.
     ds_staged = [(gw._ds_format, hold, gw.TWO_PASS_UNITS) for hold in (2, 4, 8)]
-    zp_staged = [(zero_point.STAGED_FORMAT[m], hold, units)
-                 for m, (hold, units) in zero_point.STAGED_HOLD.items()]
+    zp_staged = list(zero_point.STAGED_BY_MODE.values())
     for t, bits, g in itertools.product(FLOATS.values(), gw.BITS, sizes):
         for fmt, big, types, staged_plans in (
                 ("cq::DeepSpeed", True, FLOATS, ds_staged),
