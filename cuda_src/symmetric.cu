@@ -279,6 +279,30 @@ __device__ __forceinline__ Vec<float, VEC> smooth_vec_fast(const Vec<Tin, VEC>& 
     return r;
 }
 
+// SmoothQuant's codes rint(RN(xs / s)) for a scale s from the row's own maximum, from the
+// exact product P = xs * y, y = RN(1 / s), without Newton corrections. |xs / s| <= 127.5,
+// so |P - xs / s| <= 127.5 * 2**-24 and |P - RN(xs / s)| < 0.75 * 2**-16. fma(xs, y,
+// 1.5 * 2**23) rounds P to an integer n, half to even (its low byte is the code), and
+// d = RN(P - n). Where |d| <= 0.5 - 2**-16, RN(xs / s) lies strictly within 0.5 of n, so
+// n is its code; otherwise (about one element in 2**15) the caller divides again. The
+// largest |d| goes into dmax (one FMNMX an element).
+constexpr float SMOOTH_NEAR_HALF = 0.5f - 1.52587890625e-05f;  // 0.5 - 2**-16
+template <int VEC>
+__device__ __forceinline__ Vec<u32, VEC / 4> smooth_codes(const Vec<float, VEC>& v, float y, float& dmax) {
+    u32 r[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+        const float m = fma_rn(v.v[i], y, RNE_MAGIC);
+        const float d = fma_rn(v.v[i], y, sub_rn(RNE_MAGIC, m));
+        dmax = fmaxf(dmax, fabsf(d));
+        r[i] = f2u(m);
+    }
+    Vec<u32, VEC / 4> out;
+#pragma unroll
+    for (int k = 0; k < VEC / 4; ++k) out.v[k] = pack_bytes(r[4 * k], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3]);
+    return out;
+}
+
 // Bits of x's elements or-ed into acc, sign bits included (masked by the caller).
 template <typename Tin, int VEC>
 __device__ __forceinline__ u32 or_bits(u32 acc, const Vec<Tin, VEC>& x) {
@@ -366,8 +390,10 @@ template <int TPG, int VPT> struct SmoothShape {
 
 // Shared memory: the reciprocals and -smooth (K floats each, column_slot order, each
 // rounded up to 16 bytes), then one 16-byte slot per thread and vector for the next row,
-// copied in the background while this one is worked on.
-template <typename Tin, int VEC, int TPG, int VPT>
+// copied in the background while this one is worked on. FULL: every row fills every
+// vector of every thread (K = TPG * VPT * VEC, teams of whole warps), so no vector is
+// tested, and a team whose row is past the end leaves the loop.
+template <typename Tin, int VEC, int TPG, int VPT, bool FULL>
 __global__ void __launch_bounds__(SmoothShape<TPG, VPT>::threads, SmoothShape<TPG, VPT>::min_blocks)
 smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restrict__ scale,
                   const float* __restrict__ smooth, i64 rows, int K, float inv_qmax) {
@@ -411,9 +437,11 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
         }
     };
     // This thread's vectors j < nin lie inside a row, the same for every row.
+    static_assert(!FULL || TPG >= 32, "a team leaves the row loop on its own only if it is whole warps");
     int nin = 0;
 #pragma unroll
     for (int j = 0; j < VPT; ++j) nin += (lane + j * TPG) * VEC < K;
+    if constexpr (FULL) nin = VPT;
 
     auto prefetch = [&](i64 r) {
         if (r < rows) {
@@ -432,7 +460,10 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
     for (i64 base = (i64)blockIdx.x * SLOTS; base < rows; base += stride) {
         const i64 r = base + slot;
         const bool live = r < rows;
-        const int held = live ? nin : 0;
+        if constexpr (FULL) {
+            if (!live) break;
+        }
+        const int held = FULL ? VPT : live ? nin : 0;
         // f(j) for each of this thread's vectors j of the row.
         auto for_held = [&](auto f) {
 #pragma unroll
@@ -480,10 +511,16 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
             plan.nb = u2f(f2u(s) ^ 0x80000000u);
             plan.y = rcp_rn(s);
             i8* qr = q + r * K + lane * VEC;
+            float dmax = 0.0f;
             for_held([&](int j) {
-                store_code_vec<CodeInt8, VEC>(
-                    qr + j * TPG * VEC, quantize_vec_on<PATH_FAST, 2, float, CodeInt8, VEC>(val[j], plan));
+                store_code_vec<CodeInt8, VEC>(qr + j * TPG * VEC, smooth_codes<VEC>(val[j], plan.y, dmax));
             });
+            if (dmax > SMOOTH_NEAR_HALF) {  // rare: this thread's codes again, divided exactly
+                for_held([&](int j) {
+                    store_code_vec<CodeInt8, VEC>(
+                        qr + j * TPG * VEC, quantize_vec_on<PATH_FAST, 2, float, CodeInt8, VEC>(val[j], plan));
+                });
+            }
             continue;
         }
         // Rare: divide again by div.rn.

@@ -109,9 +109,19 @@ def smooth_rows_kernel(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["quantize_int8_per_channel", "quantize_fp8_per_row", "smooth_quant"])
-def test_every_row_geometry(name, rng, request):
+def test_every_row_geometry(name, rng, request, monkeypatch):
+    from cuquant import _symmetric
+
+    picked = []  # smooth_quant_rows' (K, geometry, FULL) launched
     if name == "smooth_quant":
         request.getfixturevalue("smooth_rows_kernel")
+        expr, plan = _symmetric.smooth_expr, _symmetric._smooth_plan
+        monkeypatch.setattr(_symmetric, "_smooth_plan",
+                            lambda key, t, code, rows, k, *rest: picked.append([k])
+                            or plan(key, t, code, rows, k, *rest))
+        monkeypatch.setattr(_symmetric, "smooth_expr",
+                            lambda t, vec, geom, full: picked[-1].extend((geom, full))
+                            or expr(t, vec, geom, full))
     fn = getattr(cq, name)
     lengths = _row_lengths(exact_teams=name != "smooth_quant", smooth=name == "smooth_quant")
     if name == "smooth_quant":  # rows of 8n - 1 elements take the general row kernel
@@ -121,6 +131,10 @@ def test_every_row_geometry(name, rng, request):
         args = (x, rng.uniform(0.25, 4.0, k).astype(np.float32)) if name == "smooth_quant" else (x,)
         host, dev = _run_both(SimpleNamespace(fn=fn), args, {})
         _compare(None, host, dev, f"{name} K={k}")
+    if name == "smooth_quant":  # FULL exactly where a row fills a team of whole warps
+        for k, (tpg, vpt), full in picked:
+            assert full == (tpg >= 32 and k == tpg * vpt * 8), (k, tpg, vpt, full)
+        assert len({g for _, g, full in picked if full}) >= 18  # bf16 rows up to 20864 fit
 
 
 # ---------------------------------------------------------------------------------------
@@ -477,7 +491,7 @@ def test_smooth_quant_rows(dtype, wide, rng, smooth_rows_kernel, monkeypatch):
     picked = []  # the geometries smooth_quant_rows was launched with
     expr = _symmetric.smooth_expr
     monkeypatch.setattr(_symmetric, "smooth_expr",
-                        lambda t, vec, geom: picked.append(geom) or expr(t, vec, geom))
+                        lambda t, vec, geom, full: picked.append(geom) or expr(t, vec, geom, full))
     nvec_7168 = 7168 * np.dtype(FLOATS[dtype].numpy).itemsize // 16
     assert _symmetric.smooth_geometry(nvec_7168, True) != _symmetric.smooth_geometry(nvec_7168, False)
     for k in (40, 1000, 7168):
@@ -508,6 +522,38 @@ def test_smooth_quant_quotients(rng, smooth_rows_kernel):
     x[np.arange(rows), col] = (quot * smooth[col].astype(np.float64)).astype(np.float32)
     host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth), {})
     _compare(None, host, dev, "smooth_quant one element a row")
+
+
+@pytest.mark.parametrize("k", [7168, 7160])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_smooth_quant_near_half_integers(dtype, k, smooth_rows_kernel, monkeypatch):
+    """Quotients x / smooth / scale on half-integers and next to them, which the rows
+    kernel's codes from x / smooth * RN(1 / scale) cannot settle and divide again: whole
+    rows of them, rows with one of them among ordinary quotients, in full rows (FULL) and
+    not (K = 7160), against the NumPy backend."""
+    from cuquant import _symmetric
+
+    picked = []
+    expr = _symmetric.smooth_expr
+    monkeypatch.setattr(_symmetric, "smooth_expr",
+                        lambda t, vec, geom, full: picked.append(full) or expr(t, vec, geom, full))
+    g = np.random.default_rng(7)
+    rows = 600
+    halves = np.arange(k) % 255 - 127 + 0.5  # -126.5 ... 127.5, amax 127 below
+    halves[0] = 127.0
+    x = np.tile(halves, (rows, 1))
+    x[1::2] = g.standard_normal((rows // 2, k)) * 20  # ordinary rows ...
+    x[1::2, 0] = 127.0
+    x[1::2, 5] = 63.5  # ... with one half-integer quotient each
+    x *= g.choice([1.0, 0.5, 2.0, 0.25, 3.0, 2.0 ** -10], size=(rows, 1))
+    smooth = np.ones(k)
+    smooth[1::3], smooth[2::7] = 2.0, 0.5
+    x *= smooth
+    smooth[5::11] = 1 + 2.0 ** -23  # quotients one ulp off the half-integers
+    x = x.astype(FLOATS[dtype].numpy)
+    host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth.astype(np.float32)), {})
+    _compare(None, host, dev, f"smooth_quant near half-integers {dtype} K={k}")
+    assert picked == [k == 7168]  # FULL where rows fill the team's vectors
 
 
 # ---------------------------------------------------------------------------------------

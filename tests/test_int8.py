@@ -264,8 +264,10 @@ def test_smooth_rows_kernel_is_listed_and_fits():
         vec = t.vector_width
         for nvec, wide in itertools.product(range(1, 4097), (True, False)):
             geom = _symmetric.smooth_geometry(nvec, wide)
-            assert _symmetric.smooth_expr(t, vec, geom) in listed, (t.name, nvec, wide)
+            full = _symmetric.smooth_full(nvec * vec, vec, geom)
+            assert _symmetric.smooth_expr(t, vec, geom, full) in listed, (t.name, nvec, wide)
             tpg, vpt = geom
+            assert full == (tpg >= 32 and nvec == tpg * vpt), nvec
             assert tpg * vpt >= nvec, nvec  # the team holds the whole row
             if wide and nvec > 128:  # 4-7 vectors a thread: fewer than a thread's worth empty
                 assert 4 <= vpt <= 7 and tpg * (vpt - 1) < nvec, nvec
