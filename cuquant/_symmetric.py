@@ -260,8 +260,8 @@ def _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device):
     problems, rows that are not 16-byte vectors, rows too long to hold and rows whose tables
     do not fit take the general row kernel."""
     outputs = _gpu.Outputs(((rows, k), _I8), ((rows,), _F32))
-    plan = Plan(smooth_expr(t, vec, geom, smooth_full(k, vec, geom)), device, 7, 1, threads, outputs,
-                (rows, k, code.inv_qmax_bits), smem=smem)
+    expr = smooth_expr(t, vec, geom, smooth_full(k, vec, geom))
+    plan = Plan(expr, device, 7, 1, threads, outputs, (rows, k, code.inv_qmax_bits), smem=smem)
     plan.grid = min(_gpu.blocks_for(rows, threads // geom[0]),
                     _gpu.resident_blocks(plan.launch.fn, device, threads, smem))
     return _gpu.remember(_plans, key, plan)
