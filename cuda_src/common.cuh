@@ -475,26 +475,33 @@ __device__ __forceinline__ CodeVec<Code, N> encode_vec(const float* v) {
     return out;
 }
 
+// N int8 codes from r = 1.5 * 2**23 + n for integers n (the rounding trick): the low byte
+// of each one's bits is its code.
+template <int N>
+__device__ __forceinline__ CodeVec<CodeInt8, N> int8_codes_of_magic(const float* r) {
+    CodeVec<CodeInt8, N> out;
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < N / 4; ++k)
+            out.v[k] = pack_bytes(f2u(r[4 * k]), f2u(r[4 * k + 1]), f2u(r[4 * k + 2]), f2u(r[4 * k + 3]));
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out.v[i] = (i8)(f2u(r[i]) & 0xffu);
+    }
+    return out;
+}
+
 // Codes of quotients q = a / scale on the fast path of a dynamic scale: finite, and
 // |q| < 127.5 for int8 (|a| <= amax), so no clamp and no NaN test is needed; fp8's sign is
 // taken from a (the scale is positive) and its satfinite conversion is the clamp.
 template <typename Code, int N>
 __device__ __forceinline__ CodeVec<Code, N> encode_fast(const float* q, const float* a) {
     if constexpr (IsSame<Code, CodeInt8>::value) {
-        // 1.5 * 2**23 + q rounds q to an integer, half to even; its low byte is the code.
+        // 1.5 * 2**23 + q rounds q to an integer, half to even.
         float r[N];
 #pragma unroll
         for (int i = 0; i < N; ++i) r[i] = add_rn(q[i], RNE_MAGIC);
-        CodeVec<Code, N> out;
-        if constexpr (N % 4 == 0) {
-#pragma unroll
-            for (int k = 0; k < N / 4; ++k)
-                out.v[k] = pack_bytes(f2u(r[4 * k]), f2u(r[4 * k + 1]), f2u(r[4 * k + 2]), f2u(r[4 * k + 3]));
-        } else {
-#pragma unroll
-            for (int i = 0; i < N; ++i) out.v[i] = (i8)(f2u(r[i]) & 0xffu);
-        }
-        return out;
+        return int8_codes_of_magic<N>(r);
     } else {
         float v[N];
 #pragma unroll

@@ -288,19 +288,15 @@ __device__ __forceinline__ Vec<float, VEC> smooth_vec_fast(const Vec<Tin, VEC>& 
 // largest |d| goes into dmax (one FMNMX an element).
 constexpr float SMOOTH_NEAR_HALF = 0.5f - 1.52587890625e-05f;  // 0.5 - 2**-16
 template <int VEC>
-__device__ __forceinline__ Vec<u32, VEC / 4> smooth_codes(const Vec<float, VEC>& v, float y, float& dmax) {
-    u32 r[VEC];
+__device__ __forceinline__ CodeVec<CodeInt8, VEC> smooth_codes(const Vec<float, VEC>& v, float y, float& dmax) {
+    float m[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-        const float m = fma_rn(v.v[i], y, RNE_MAGIC);
-        const float d = fma_rn(v.v[i], y, sub_rn(RNE_MAGIC, m));
+        m[i] = fma_rn(v.v[i], y, RNE_MAGIC);
+        const float d = fma_rn(v.v[i], y, sub_rn(RNE_MAGIC, m[i]));
         dmax = fmaxf(dmax, fabsf(d));
-        r[i] = f2u(m);
     }
-    Vec<u32, VEC / 4> out;
-#pragma unroll
-    for (int k = 0; k < VEC / 4; ++k) out.v[k] = pack_bytes(r[4 * k], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3]);
-    return out;
+    return int8_codes_of_magic<VEC>(m);
 }
 
 // Bits of x's elements or-ed into acc, sign bits included (masked by the caller).
