@@ -3,7 +3,7 @@
 //
 //   quantize_groups<DeepSpeed<BITS>, T, ...>    codes and params [groups, 1 or 2]; the
 //                                               symmetry is the run-time `mode` (1 = sym)
-//   dequantize_groups<DeepSpeedCodes<BITS, SYM>, Tout, VEC>
+//   dequantize_groups<DeepSpeedCodes<BITS, SYM>, Tout, VEC, UNROLL, WARP_PARAMS>
 //   dequantize_batched<Tout>                    a table of tensors, each its own bits,
 //                                               symmetry, group size and path
 #include "groups.cuh"
@@ -114,6 +114,17 @@ struct DeepSpeedCodes {
             r.inv = v.v[0];
             r.offset = v.v[1];
         }
+        return r;
+    }
+    // A warp's parameters: p0 is [groups] or [groups, 2] float32.
+    __device__ static __forceinline__ float lane_param(i64 g, bool second, const void* p0, const void*) {
+        const float* p = static_cast<const float*>(p0);
+        return SYM ? p[g] : p[2 * g + second];
+    }
+    __device__ static __forceinline__ Params from_lanes(float w, int j) {
+        Params r;
+        r.inv = __shfl_sync(0xffffffffu, w, j);
+        r.offset = SYM ? 0.0f : __shfl_sync(0xffffffffu, w, 16 + j);
         return r;
     }
     __device__ static __forceinline__ float value(float c, const Params& p) {

@@ -4,7 +4,7 @@
 //   quantize_groups<ZeroPoint<BITS>, T, ...>    codes, scales, zeros and the reconstruction;
 //                                               `mode` picks the rounding (ZpMode);
 //                                               ZeroPoint<BITS, true> only rounds to nearest
-//   dequantize_groups<ZeroPointCodes<BITS, TS>, Tout, VEC>
+//   dequantize_groups<ZeroPointCodes<BITS, TS>, Tout, VEC, UNROLL, WARP_PARAMS>
 #include "groups.cuh"
 
 namespace cq {
@@ -159,6 +159,13 @@ struct ZeroPointCodes {
     struct Params { float s, z; };
     __device__ static __forceinline__ Params load(i64 g, const void* p0, const void* p1) {
         return Params{to_f32(static_cast<const TS*>(p0)[g]), to_f32(static_cast<const TS*>(p1)[g])};
+    }
+    // A warp's parameters: the scale from p0, the zero from p1.
+    __device__ static __forceinline__ float lane_param(i64 g, bool second, const void* p0, const void* p1) {
+        return to_f32(static_cast<const TS*>(second ? p1 : p0)[g]);
+    }
+    __device__ static __forceinline__ Params from_lanes(float w, int j) {
+        return Params{__shfl_sync(0xffffffffu, w, j), __shfl_sync(0xffffffffu, w, 16 + j)};
     }
     __device__ static __forceinline__ float value(float c, const Params& p) {
         return mul_rn(sub_rn(c, p.z), p.s);

@@ -219,8 +219,25 @@ def _ds_codes(bits: int, symmetric: bool) -> str:
     return f"cq::DeepSpeedCodes<{bits}, {'true' if symmetric else 'false'}>"
 
 
-def dequant_expr(codes: str, out: FloatType, vec: int, unroll: int) -> str:
-    return f"cq::dequantize_groups<{codes}, {out.cxx}, {vec}, {unroll}>"
+def dequant_expr(codes: str, out: FloatType, vec: int, unroll: int, warp_params: bool) -> str:
+    return (f"cq::dequantize_groups<{codes}, {out.cxx}, {vec}, {unroll}, "
+            f"{'true' if warp_params else 'false'}>")
+
+
+def dequant_kernel(codes: str, out: FloatType, vec: int, d: int, unroll: int) -> tuple[str, int]:
+    """(name expression, units a thread) of the dequantizer for units of `vec` elements and
+    divisor d (`dequant_units`): on the fast path, groups of WARP_MIN_UNITS units or more
+    share their parameters within a warp."""
+    if vec == out.vector_width and d >= WARP_MIN_UNITS:
+        return dequant_expr(codes, out, vec, WARP_ROUNDS, True), WARP_ROUNDS
+    return dequant_expr(codes, out, vec, unroll, False), unroll
+
+
+def dequant_kernels(codes: str, out: FloatType, bits: int, unroll: int):
+    """Every specialization `dequant_kernel` can pick for one format and output type."""
+    for vec, d in ((out.vector_width, WARP_MIN_UNITS), (out.vector_width, 1),
+                   (general_vec(bits), 1)):
+        yield dequant_kernel(codes, out, vec, d, unroll)[0]
 
 
 def batched_expr(out: FloatType) -> str:
@@ -232,8 +249,8 @@ def specializations():
     yield from quant_specializations(SRC, _ds_format, FLOATS.values(), holds=(2, 4, 8),
                                      two_pass_units=TWO_PASS_UNITS)
     for bits, sym, out in itertools.product(BITS, (False, True), FLOATS.values()):
-        for vec in (out.vector_width, general_vec(bits)):
-            yield SRC, dequant_expr(_ds_codes(bits, sym), out, vec, DQ_UNROLL)
+        for expr in dequant_kernels(_ds_codes(bits, sym), out, bits, DQ_UNROLL):
+            yield SRC, expr
     for out in FLOATS.values():
         yield SRC, batched_expr(out)
 
@@ -355,6 +372,11 @@ def _quant_staged_plan(src, fmt, t, g, hold, two_pass_units, device):
 DQ_UNROLL = 2
 BATCH_ROUNDS = 8  # rounds of DQ_UNROLL units a thread of the batched kernel (groupwise.cu)
 DQ_THREADS = 256
+# Groups of at least WARP_MIN_UNITS 16-byte units of output share their parameters within
+# a warp (dequant_warp_units in groups.cuh: 64 consecutive units a warp span at most 16
+# groups), WARP_ROUNDS units a thread.
+WARP_MIN_UNITS = 4
+WARP_ROUNDS = 2
 
 
 def dequant_units(n: int, g: int, bits: int, out: FloatType, q, *params):
@@ -379,7 +401,8 @@ def dequantize_plan(src: str, codes: str, out: FloatType, bits: int, g: int, n: 
     plan = _plans.get(key)
     if plan is None:
         vec, units, d = dequant_units(n, g, bits, out, q, *([p0] if p1 is None else []))
-        fn = _kernels.function(src, dequant_expr(codes, out, vec, unroll), q.data.device_id)
+        expr, unroll = dequant_kernel(codes, out, vec, d, unroll)
+        fn = _kernels.function(src, expr, q.data.device_id)
         grid = min(-(-units // (DQ_THREADS * unroll)), 1 << 20)
         plan = _gpu.remember(_plans, key, (_gpu.Launch(fn, 8), grid,
                                            (units, d) + tuple(_gpu.fastdiv(d))))

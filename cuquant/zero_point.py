@@ -32,7 +32,7 @@ from ._dtypes import FLOATS, HALVES, UINT4, UINT8, FloatType
 from ._numpy.zero_point import random_bits
 from ._op import HOST, contiguous, host_results, intake, out_dtype, run_gpu, same_place, stream_of, v
 from .groupwise import (BITS, TWO_PASS_UNITS, QuantizeRun, check_bits, check_group_size,
-                        dequant_expr, dequantize_to_new, general_vec, quant_specializations,
+                        dequant_kernels, dequantize_to_new, quant_specializations,
                         quantize_plan)
 
 SRC = "zero_point.cu"
@@ -94,8 +94,8 @@ def specializations():
             two_pass_units=tuple(sorted({u for _, units in plans for u in units})),
             direct=fmt is _zp_format)
     for bits, ts, out in itertools.product(BITS, HALVES.values(), FLOATS.values()):
-        for vec in (out.vector_width, general_vec(bits)):
-            yield SRC, dequant_expr(_zp_codes(bits, ts), out, vec, DQ_UNROLL)
+        for expr in dequant_kernels(_zp_codes(bits, ts), out, bits, DQ_UNROLL):
+            yield SRC, expr
 
 
 # ---------------------------------------------------------------------------------------

@@ -296,15 +296,18 @@ def test_launchable_specializations_are_enumerated():
             geom = gw.geometry(length // vec, False, big)
             assert gw.quant_expr(f"{fmt}<{bits}>", t, vec, geom) in listed, (fmt, t, bits, g)
     for bits, out in itertools.product(gw.BITS, FLOATS.values()):
-        for vec in (out.vector_width, gw.general_vec(bits)):
+        # d: units of a group (fast path) or the group size (general path).
+        for vec, d in itertools.product((out.vector_width, gw.general_vec(bits)), range(1, 40)):
             for sym in (False, True):
-                assert gw.dequant_expr(gw._ds_codes(bits, sym), out, vec, gw.DQ_UNROLL) in listed
+                expr, _ = gw.dequant_kernel(gw._ds_codes(bits, sym), out, vec, d, gw.DQ_UNROLL)
+                assert expr in listed, expr
             for ts in ("float16", "bfloat16"):
-                assert gw.dequant_expr(zero_point._zp_codes(bits, FLOATS[ts]), out, vec,
-                                       zero_point.DQ_UNROLL) in listed
+                expr, _ = gw.dequant_kernel(zero_point._zp_codes(bits, FLOATS[ts]), out, vec, d,
+                                            zero_point.DQ_UNROLL)
+                assert expr in listed, expr
         assert gw.batched_expr(out) in listed
     n_gw, n_zp = len(list(gw.specializations())), len(list(zero_point.specializations()))
-    # No duplicates, and a bound that keeps the compile check's time in hand (633 now).
+    # No duplicates, and a bound that keeps the compile check's time in hand (657 now).
     assert len(listed) == n_gw + n_zp and n_gw + n_zp < 680
 
 

@@ -15,7 +15,8 @@ import pytest
 
 import cuquant as cq
 from _util import assert_same_bits
-from cuquant import _numpy
+from cuquant import _fast, _numpy
+from cuquant import groupwise as gw
 from cuquant._numpy.groupwise import group_multipliers
 from cuquant.zero_point import random_bits
 
@@ -100,6 +101,45 @@ def test_groupwise_matches_numpy(shape, g, dtype, rng):
             y = cq.dequantize_groupwise(dev(qh, unaligned), dev(ph), bits, sym, g, out)
             assert_same_bits(y, _numpy.dequantize_groupwise(qh, ph, bits, sym, g, out),
                              what + f" dequantize to {out}")
+
+
+# Groups of 4 or more 16-byte units of output share their parameters within a warp: unit
+# counts that are not a multiple of a warp's 64, groups straddling a warp's run (5, 6, 17,
+# 34 units), groups of exactly 4 units, one warp's run and less.
+WARP_CASES = [((37, 992), 32), ((5, 1088), 136), ((3, 40), 40), ((7, 48), 48), ((3, 48), 24),
+              ((9, 4096), 2048), ((1, 64), 64), ((130, 4096), 128), ((2, 1000), 8)]
+
+
+def test_dequantizers_sharing_a_warps_parameters(rng, monkeypatch):
+    picked = []
+    real = gw.dequant_kernel
+
+    def spy(codes, out, vec, d, unroll):
+        expr, units = real(codes, out, vec, d, unroll)
+        picked.append((expr.endswith("true>"), out.name, d if vec == out.vector_width else 0))
+        return expr, units
+
+    monkeypatch.setattr(gw, "dequant_kernel", spy)
+    monkeypatch.setattr(gw, "_plans", {})
+    _fast.clear()
+    for (shape, g), out in itertools.product(WARP_CASES, OUTS):
+        n = int(np.prod(shape))
+        x = edge_values(rng, n, np.float16, g).reshape(shape)
+        for bits, sym in itertools.product((4, 8), (False, True)):
+            qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
+            y = cq.dequantize_groupwise(dev(qh), dev(ph), bits, sym, g, out)
+            assert_same_bits(y, _numpy.dequantize_groupwise(qh, ph, bits, sym, g, out),
+                             f"{shape} g={g} bits={bits} sym={sym} to {out}")
+        for bits in (4, 8):
+            qh, sh, zh, _ = cq.quantize_groupwise_zero_point(x, bits, g)
+            y = cq.dequantize_groupwise_zero_point(dev(qh), dev(sh), dev(zh), g, out)
+            assert_same_bits(y, cq.dequantize_groupwise_zero_point(qh, sh, zh, g, out),
+                             f"{shape} g={g} zero point bits={bits} to {out}")
+    # Every call planned its launch, each with the kernel its groups call for.
+    assert len(picked) == len(WARP_CASES) * len(OUTS) * 6
+    for warp, out, d in picked:
+        assert warp == (d >= gw.WARP_MIN_UNITS), (out, d)
+    assert sum(w for w, _, _ in picked) > len(picked) // 2
 
 
 @pytest.mark.parametrize("g", [32, 128, 6])
