@@ -722,7 +722,7 @@ constexpr int DQ_THREADS = 256;
 // of the warp's group j, lane j of the second half its second, and shuffles hand them to
 // the units: one load for the warp's groups where each unit's lane loaded its own. On an
 // H200 (fp16, 16384 x 7168, G=128) the zero point's 4-bit dequantizer went from 0.87 to
-// 0.92 of copy and DeepSpeed's from 0.92 to 0.93 (benchmarks/NOTES.md).
+// 0.92 of copy and DeepSpeed's from 0.92 to 0.925-0.929 (benchmarks/NOTES.md).
 template <class D, typename Tout, int VEC>
 __device__ __forceinline__ void dequant_warp_units(const u8* __restrict__ q, const void* __restrict__ p0,
                                                    const void* __restrict__ p1, Tout* __restrict__ out,
