@@ -685,6 +685,18 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
 // D::lane_param(g, second, p0, p1) and D::from_lanes(w, j) share a warp's parameters
 // (dequant_warp_units).
 
+// One unit's codes to its VEC outputs at out: element j takes the parameters prm[j] of
+// its group, or prm[0] where the unit lies in one group (NP == 1).
+template <class D, typename Tout, int VEC, int NP>
+__device__ __forceinline__ void dequant_unit(const CodeUnit<D::BITS, VEC>& c, const typename D::Params (&prm)[NP],
+                                             Tout* __restrict__ out) {
+    float f[VEC];
+    c.template decode<D::SIGNED, D::LOW_FIRST>(f);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) f[j] = D::value(f[j], prm[NP == 1 ? 0 : j]);
+    store_unit<Tout, VEC>(out, convert_vec<Tout, VEC>(f));
+}
+
 template <class D, typename Tout, int VEC, int UNROLL>
 __device__ __forceinline__ void dequant_units(const u8* __restrict__ q, const void* __restrict__ p0,
                                               const void* __restrict__ p1, Tout* __restrict__ out,
@@ -704,13 +716,7 @@ __device__ __forceinline__ void dequant_units(const u8* __restrict__ q, const vo
 #pragma unroll
     for (int k = 0; k < UNROLL; ++k) {
         const i64 u = first + k * step;
-        if (u < n_units) {
-            float f[VEC];
-            c[k].template decode<D::SIGNED, D::LOW_FIRST>(f);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) f[j] = D::value(f[j], prm[k][NP == 1 ? 0 : j]);
-            store_unit<Tout, VEC>(out + u * VEC, convert_vec<Tout, VEC>(f));
-        }
+        if (u < n_units) dequant_unit<D, Tout, VEC, NP>(c[k], prm[k], out + u * VEC);
     }
 }
 
@@ -745,14 +751,8 @@ __device__ __forceinline__ void dequant_warp_units(const u8* __restrict__ q, con
 #pragma unroll
         for (int k = 0; k < ROUNDS; ++k) {
             const i64 u = base + 32 * k + lane;
-            const typename D::Params prm = D::from_lanes(pw, (int)(div.div(u) - g0));
-            if (u < n_units) {
-                float f[VEC];
-                c[k].template decode<D::SIGNED, D::LOW_FIRST>(f);
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) f[j] = D::value(f[j], prm);
-                store_unit<Tout, VEC>(out + u * VEC, convert_vec<Tout, VEC>(f));
-            }
+            const typename D::Params prm[1] = {D::from_lanes(pw, (int)(div.div(u) - g0))};
+            if (u < n_units) dequant_unit<D, Tout, VEC, 1>(c[k], prm, out + u * VEC);
         }
     }
 }
