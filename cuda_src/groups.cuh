@@ -677,6 +677,117 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
 }
 
 // ---------------------------------------------------------------------------------------
+// The quantizer on tiles held in registers, on the fast path, for groups of UPG 16-byte
+// units (UPG divides 32). A warp takes a tile of 32 K consecutive units, lane l units
+// l + 32 k (k < K), all loaded before the first is used. At step k the warp's 32 units are
+// 32 / UPG whole groups of UPG lanes, reduced by shuffles. Then lane j prepares the tile's
+// group j (and j + 32), so that the format's prepare runs once for 32 groups, not once for
+// each; the units take their group's Params from shared memory and are encoded from the
+// registers. Data never goes through shared memory: the staged kernels' ring alone held
+// the zero point's quantizer to 0.90 of copy on an H200 (benchmarks/NOTES.md).
+//
+// The host launches it for at least one tile of units. The last tile, where the units do
+// not fill it, is moved back to end with them: it overlaps the tile before, whose groups
+// it writes again with the same values, and no load, statistic or store needs a bound.
+// A tile with a group that needs the careful arithmetic encodes all its units with it (a
+// warp-wide choice, so no lane waits on another's branch), reading them again from memory,
+// which keeps the registers' loop lean; the careful arithmetic gives every group its bits.
+
+constexpr int TILE_THREADS = 256;
+
+// The tile's units to codes (and reconstructions): unit k of this lane from load(k, u),
+// with the Params of its group at mine[k * GPS]. HELD: the units are in registers (an
+// unrolled loop); otherwise each is read again, in a loop the compiler keeps rolled.
+template <class F, typename T, int VEC, bool CAREFUL, bool ALT, int K, int GPS, bool HELD, typename Load>
+__device__ __forceinline__ void emit_tile(const typename F::Params* mine, i64 u0, const QuantArgs& a,
+                                          const u32* rbits, u8* q, T* deq, Load load) {
+    auto one = [&](int k) {
+        const i64 u = u0 + 32 * k + (threadIdx.x & 31);
+        const typename F::Params pr[1] = {mine[k * GPS]};
+        u32 rnd[VEC];
+        F::template random<VEC>(rnd, u * VEC, a, rbits);
+        emit_unit<F, T, VEC, 1, CAREFUL, ALT, true>(load(k, u), pr, rnd, 0, u * VEC, a, q, deq);
+    };
+    if constexpr (HELD) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) one(k);
+    } else {
+#pragma unroll 1
+        for (int k = 0; k < K; ++k) one(k);
+    }
+}
+
+template <class F, typename T, int UPG, int K>
+__global__ void __launch_bounds__(TILE_THREADS, 2)
+quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ p0,
+                      void* __restrict__ p1, T* __restrict__ deq, const u32* __restrict__ rbits,
+                      i64 groups, i64 G, int mode, u32 seed_lo, u32 seed_hi) {
+    typedef MinMax<T> Acc;
+    typedef typename F::Params Params;
+    constexpr int VEC = 16 / sizeof(T), WARPS = TILE_THREADS / 32, W = Acc::WORDS;
+    constexpr int GPS = 32 / UPG, NG = K * GPS, ROUNDS = (NG + 31) / 32;
+    static_assert(32 % UPG == 0, "a step holds whole groups");
+    __shared__ u32 stat[WARPS][NG * W];
+    __shared__ Params prm_of[WARPS][NG];
+    const QuantArgs a{groups, G, G, mode, seed_lo, seed_hi};
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 n_units = groups * UPG, tiles = (n_units + 32 * K - 1) / (32 * K);
+    // The slots of this lane's groups: k * GPS + lane / UPG at step k.
+    u32* my_stat = &stat[warp][(lane / UPG) * W];
+    const Params* mine = &prm_of[warp][lane / UPG];
+    for (i64 t = (i64)blockIdx.x * WARPS + warp; t < tiles; t += (i64)gridDim.x * WARPS) {
+        const i64 u0 = t * (32 * K) < n_units - 32 * K ? t * (32 * K) : n_units - 32 * K;
+        Vec<T, VEC> v[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] = load_vec<T, VEC>(x + (u0 + 32 * k + lane) * VEC);
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            Acc acc;
+            acc.add_vec(v[k]);
+            u32 w[W];
+            acc.pack(w);
+            team_reduce<UPG, Acc, W>(w, nullptr);
+            if (lane % UPG == 0) {
+#pragma unroll
+                for (int i = 0; i < W; ++i) my_stat[k * GPS * W + i] = w[i];
+            }
+        }
+        __syncwarp();
+        const i64 g0 = u0 / UPG;
+        bool careful = false;
+#pragma unroll
+        for (int r = 0; r < ROUNDS; ++r) {
+            const int j = 32 * r + lane;
+            if (j < NG) {
+                float lo, hi;
+                Acc::unpack(&stat[warp][j * W], lo, hi);
+                const Params p = F::template prepare<T>(lo, hi, a);
+                prm_of[warp][j] = p;
+                F::template store_params<T>(p, g0 + j, p0, p1, a);
+                careful = careful || p.careful;
+            }
+        }
+        careful = __any_sync(0xffffffffu, careful);
+        __syncwarp();
+        if (!careful) {
+            auto held = [&](int k, i64) { return v[k]; };
+            if (F::alternate(a)) {
+                emit_tile<F, T, VEC, false, true, K, GPS, true>(mine, u0, a, rbits, q, deq, held);
+            } else {
+                emit_tile<F, T, VEC, false, false, K, GPS, true>(mine, u0, a, rbits, q, deq, held);
+            }
+        } else {
+            auto again = [&](int, i64 u) { return load_vec<T, VEC>(x + u * VEC); };
+            if (F::alternate(a)) {
+                emit_tile<F, T, VEC, true, true, K, GPS, false>(mine, u0, a, rbits, q, deq, again);
+            } else {
+                emit_tile<F, T, VEC, true, false, K, GPS, false>(mine, u0, a, rbits, q, deq, again);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // The dequantizer: units of VEC elements, UNROLL units a thread, loads first.
 // D::Params holds what a group contributes; D::load(g, p0, p1) reads it, D::value(code, p)
 // makes the float32 result. On the fast path a unit is 16 bytes of output (VEC = 8 for

@@ -194,6 +194,31 @@ def staged_choice(units: int, t: FloatType, hold: int = 0,
     return staged_geometry(units, hold)
 
 
+# The quantizer on tiles held in registers (quantize_groups_tiles in groups.cuh), for
+# groups of `units` 16-byte units (divisors of 32) on the fast path: a warp holds
+# `units_per_lane` units a lane, reduces its groups by shuffles, prepares 32 groups at once
+# (a lane each) and encodes from its registers, without the staged kernels' shared-memory
+# ring. Written as the successor of the two-pass staged kernel for the zero point, whose
+# ring alone held it to 0.90 of copy on an H200; it is off until it has been measured
+# against the staged kernels (benchmarks/tile_sweep.py, benchmarks/NOTES.md). When on, it
+# takes precedence over the staged kernel for those group sizes, on every device.
+TILES = {"on": False, "units": (2, 4, 8, 16, 32), "units_per_lane": 16}
+TILE_THREADS = 256
+TILE_MAX_GROUPS = 64  # a tile's groups, as many as the kernel's shared-memory tables hold
+
+
+def tile_geometry(units: int, units_per_lane: int = 0) -> tuple[int, int]:
+    """(units a group, units a lane) of the tile kernel for groups of `units` units: the
+    table's units a lane, or fewer where a tile would hold more than TILE_MAX_GROUPS."""
+    k = units_per_lane or TILES["units_per_lane"]
+    return units, min(k, TILE_MAX_GROUPS * units // 32)
+
+
+def quant_tile_expr(fmt: str, t: FloatType, geom) -> str:
+    upg, k = geom
+    return f"cq::quantize_groups_tiles<{fmt}, {t.cxx}, {upg}, {k}>"
+
+
 def quant_specializations(src: str, fmt_of_bits, types, big: bool = True, holds=(2, 4),
                           two_pass_units: tuple = (), direct: bool = True):
     """The quantizer's specializations for a format: `holds`, the staged kernel's units a
@@ -201,6 +226,7 @@ def quant_specializations(src: str, fmt_of_bits, types, big: bool = True, holds=
     staged kernel; `direct`, whether the format serves the kernels that hold groups in
     registers too, or only the staged ones."""
     staged = staged_geometries(holds) + tuple(two_pass_geometry(u) for u in two_pass_units)
+    tiles = tuple(tile_geometry(u) for u in TILES["units"])
     for t, bits in itertools.product(types, BITS):
         if direct:
             for geom in fast_geometries(big):
@@ -209,6 +235,8 @@ def quant_specializations(src: str, fmt_of_bits, types, big: bool = True, holds=
                 yield src, quant_expr(fmt_of_bits(bits), t, general_vec(bits), geom)
         for geom in staged:
             yield src, quant_staged_expr(fmt_of_bits(bits), t, geom)
+        for geom in tiles:
+            yield src, quant_tile_expr(fmt_of_bits(bits), t, geom)
 
 
 def _ds_format(bits: int) -> str:
@@ -329,6 +357,10 @@ def _problem_plan(src, fmt, staged_fmt, t: FloatType, bits: int, n: int, g: int,
     """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
     vec = t.vector_width
     fast = g % vec == 0 and aligned
+    if fast and _tiled(n // vec, g // vec):
+        launch, threads, per_block, resident = _quant_tile_plan(src, staged_fmt, t, g // vec, device)
+        groups = n // g
+        return (launch, min(-(-groups // per_block), resident), threads, (groups, g), ())
     if fast and _staged(n * t.numpy.itemsize, t, g, device):
         launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(
             src, staged_fmt, t, g, hold, two_pass_units, device)
@@ -344,6 +376,28 @@ def _problem_plan(src, fmt, staged_fmt, t: FloatType, bits: int, n: int, g: int,
     launch, threads, per_block, resident = _quant_plan(src, fmt, t, vec, geom, device)
     chunks = n // length
     return launch, min(-(-chunks // per_block), resident), threads, (chunks, length, g), ()
+
+
+def _tiled(n_units: int, units: int) -> bool:
+    """Whether the tile kernel takes n_units 16-byte units in groups of `units`: it is on,
+    takes the group size, and the input fills at least one tile."""
+    return (TILES["on"] and units in TILES["units"]
+            and n_units >= 32 * tile_geometry(units)[1])
+
+
+def _quant_tile_plan(src, fmt, t, units, device):
+    """(launch, threads, groups a block takes at once, blocks resident at once) of the tile
+    kernel; the grid is persistent, each warp taking tiles a grid apart."""
+    geom = tile_geometry(units)
+    key = ("quant-tiles", src, fmt, t.name, geom, device)
+    plan = _plans.get(key)
+    if plan is None:
+        fn = _kernels.function(src, quant_tile_expr(fmt, t, geom), device)
+        upg, k = geom
+        plan = _gpu.remember(_plans, key, (
+            _gpu.Launch(fn, 11), TILE_THREADS, (TILE_THREADS // 32) * (32 * k // upg),
+            _gpu.resident_blocks(fn, device, TILE_THREADS)))
+    return plan
 
 
 def _staged(nbytes: int, t: FloatType, g: int, device: int) -> bool:

@@ -291,6 +291,10 @@ def test_launchable_specializations_are_enumerated():
                                     else gw.staged_geometry(units, hold))
                             expr = gw.quant_staged_expr(fmt_of_bits(bits), t, geom)
                             assert expr in listed, (expr, g, hold)
+                    # The tile kernel, where it is on, takes the staged kernel's format.
+                    if units in gw.TILES["units"]:
+                        expr = gw.quant_tile_expr(fmt_of_bits(bits), t, gw.tile_geometry(units))
+                        assert expr in listed, (expr, g)
             length = 2 * g if bits == 4 and g % 2 else g
             vec = gw.general_vec(bits)
             geom = gw.geometry(length // vec, False, big)
@@ -307,8 +311,20 @@ def test_launchable_specializations_are_enumerated():
                 assert expr in listed, expr
         assert gw.batched_expr(out) in listed
     n_gw, n_zp = len(list(gw.specializations())), len(list(zero_point.specializations()))
-    # No duplicates, and a bound that keeps the compile check's time in hand (657 now).
-    assert len(listed) == n_gw + n_zp and n_gw + n_zp < 680
+    # No duplicates, and a bound that keeps the compile check's time in hand (727 now).
+    assert len(listed) == n_gw + n_zp and n_gw + n_zp < 740
+
+
+def test_tile_geometry():
+    """A tile holds at most TILE_MAX_GROUPS groups (the kernel's shared-memory tables) and
+    whole groups at every step of a warp (32 units); the table's units a lane otherwise."""
+    for units in gw.TILES["units"]:
+        upg, k = gw.tile_geometry(units)
+        assert upg == units and 32 % units == 0 and k >= 1
+        assert 32 * k // units <= gw.TILE_MAX_GROUPS
+        assert k == min(gw.TILES["units_per_lane"], gw.TILE_MAX_GROUPS * units // 32)
+    assert gw.tile_geometry(16) == (16, 16) and gw.tile_geometry(2) == (2, 4)
+    assert gw.tile_geometry(16, 8) == (16, 8)
 
 
 # ---------------------------------------------------------------------------------------

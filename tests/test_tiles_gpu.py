@@ -1,0 +1,148 @@
+"""The tile quantizer (cuda_src/groups.cuh, quantize_groups_tiles: a warp holds a tile of
+16-byte units in registers, reduces its groups by shuffles and prepares them a lane each)
+against the NumPy backend, bit for bit.
+
+The kernel is off by default (groupwise.TILES); the fixture turns it on with fresh launch
+plans. Every group-wise and zero-point quantizer variant whose groups are 2 to 32 whole
+units runs on its declared shapes with edge rows (zeros, infinities, subnormals, -0, NaN),
+and every (format, group size, dtype) on inputs of exactly one tile, one tile and one
+group (the last tile moved back over the one before), and several tiles with groups that
+need the careful arithmetic among others. Each case checks which kernel ran."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from cuquant import _registry
+from test_gpu import _compare, _edges, _run_both
+
+pytestmark = pytest.mark.gpu
+
+FAMILIES = ("groupwise", "zero_point")
+SIZES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def _units(variant, dtype):
+    """The variant's group size in 16-byte units, or None where it is not whole units."""
+    nbytes = variant["group_size"] * SIZES[dtype]
+    return nbytes // 16 if nbytes % 16 == 0 else None
+
+
+def _cases():
+    from cuquant import groupwise
+
+    for op in _registry.all_ops():
+        if op.kind != "quantize" or op.family not in FAMILIES:
+            continue
+        for variant, dtype in itertools.product(op.variants, op.dtypes):
+            if _units(variant, dtype) in groupwise.TILES["units"]:
+                yield pytest.param(op, variant, dtype, id=f"{op.name}-{op.notes}-{variant}-{dtype}")
+
+
+@pytest.fixture
+def tiles(monkeypatch):
+    """The tile kernel on, with fresh launch plans; kernels() lists the tile kernels the
+    plans asked for (name expressions)."""
+    from cuquant import _fast, groupwise
+
+    monkeypatch.setattr(_fast, "_table", {})  # replays keep the plans they were made with
+    monkeypatch.setitem(groupwise.TILES, "on", True)
+    monkeypatch.setattr(groupwise, "_plans", {})
+    built = []
+    function = groupwise._kernels.function
+    def spy(src, expr, device):
+        built.append(expr)
+        return function(src, expr, device)
+
+    monkeypatch.setattr(groupwise._kernels, "function", spy)
+
+    class Tiles:
+        @staticmethod
+        def kernels():
+            return [e for e in built if "quantize_groups_tiles" in e]
+
+        @staticmethod
+        def run(call):
+            """call() planned afresh: (its result, the kernels its plan asked for)."""
+            groupwise._plans.clear()
+            _fast.clear()
+            del built[:]
+            return call(), list(built)
+
+    return Tiles
+
+
+@pytest.mark.parametrize("op,variant,dtype", list(_cases()))
+def test_tiles_match_numpy(op, variant, dtype, tiles, rng):
+    from cuquant import groupwise
+
+    units = _units(variant, dtype)
+    tile = 32 * groupwise.tile_geometry(units)[1]
+    filled = False
+    for shape in op.shapes:
+        for with_nan in (False, True):
+            args, kwargs = op.make(np, rng, shape, dtype, **variant)
+            x = args[0]
+            if x.ndim == 2 and x.shape[0] >= 8:
+                args = (_edges(x, rng, with_nan),) + tuple(args[1:])
+            host, dev = _run_both(op, args, kwargs)
+            _compare(op, host, dev, f"{op.name} {shape} {variant} {dtype}")
+        filled = filled or x.size * SIZES[dtype] // 16 >= tile
+    # The kernel ran where a shape fills a tile, and only then.
+    assert bool(tiles.kernels()) == filled, (shape, tiles.kernels())
+
+
+def _zero_point_calls(x, rng):
+    """(what, kwargs) of the zero point's three rounding modes for x."""
+    rbits = rng.integers(0, 2**32, size=x.shape, dtype=np.uint32)
+    return [("nearest", {}), ("rbits", {"rounding": "stochastic", "rbits": rbits}),
+            ("seed", {"rounding": "stochastic", "seed": 0x1234_5678_9ABC})]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_tile_geometry(dtype, bits, tiles, rng):
+    """Every group size the kernel takes, on one tile, one tile and a group, and seven tiles
+    less a group, with edge values in a few groups: both DeepSpeed symmetries, and the zero
+    point in each rounding mode (16-bit data), against the NumPy backend bit for bit."""
+    import cupy as cp
+
+    import cuquant as cq
+    from _util import assert_same_bits
+    from cuquant import _numpy, groupwise
+    from test_groupwise_gpu import DTYPES, edge_values
+
+    t, ft = DTYPES[dtype], groupwise.FLOATS[dtype]
+    vec = 16 // SIZES[dtype]
+    for units in groupwise.TILES["units"]:
+        g = units * vec
+        upg, k = groupwise.tile_geometry(units)
+        tile = 32 * k
+        for n_units in (tile, tile + units, 7 * tile - units):
+            groups = n_units // units
+            x = edge_values(rng, groups * g, t, g).reshape(groups, g)
+            what = f"{dtype} bits={bits} g={g} units={n_units}"
+            want = groupwise.quant_tile_expr(f"cq::DeepSpeed<{bits}>", ft, (upg, k))
+            xd = cp.asarray(x)
+            for sym in (False, True):
+                (q, p), built = tiles.run(lambda: cq.quantize_groupwise(xd, bits, sym, g))
+                qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
+                assert_same_bits(q, qh, f"{what} sym={sym} codes")
+                assert_same_bits(p, ph, f"{what} sym={sym} params")
+                assert built == [want], (what, sym, built)
+            if SIZES[dtype] != 2:
+                continue
+            for mode, kw in _zero_point_calls(x, rng):
+                dkw = {key: cp.asarray(v) if isinstance(v, np.ndarray) else v
+                       for key, v in kw.items()}
+                got, built = tiles.run(
+                    lambda: cq.quantize_groupwise_zero_point(xd, bits, g, **dkw))
+                want_out = cq.quantize_groupwise_zero_point(x, bits, g, **kw)
+                for i, (a, b) in enumerate(zip(got, want_out)):
+                    assert_same_bits(a, b, f"{what} zero point {mode} output {i}")
+                fmt = (f"cq::ZeroPoint<{bits}, true>" if mode == "nearest"
+                       else f"cq::ZeroPoint<{bits}>")
+                assert built == [groupwise.quant_tile_expr(fmt, ft, (upg, k))], (what, mode, built)
