@@ -160,6 +160,20 @@ def _edges(x: np.ndarray, rng, with_nan: bool) -> np.ndarray:
     return x
 
 
+def _compare_edge_rows(op, shape, dtype, variant, rng, what: str) -> int:
+    """The op on random inputs of `shape` with edge rows in place of random ones (without,
+    then with NaN; where x is 2-D with 8 rows or more) against the NumPy backend, bit for
+    bit. Returns the size of x."""
+    for with_nan in (False, True):
+        args, kwargs = op.make(np, rng, shape, dtype, **variant)
+        x = args[0]
+        if x.ndim == 2 and x.shape[0] >= 8:
+            args = (_edges(x, rng, with_nan),) + tuple(args[1:])
+        host, dev = _run_both(op, args, kwargs)
+        _compare(op, host, dev, what)
+    return x.size
+
+
 QUANTIZERS = [op for op in OPS if op.kind == "quantize"]
 SYMMETRIC_QUANTIZERS = [op for op in QUANTIZERS if op.family in ("int8", "fp8")]
 
