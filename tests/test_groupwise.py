@@ -327,6 +327,42 @@ def test_tile_geometry():
     assert gw.tile_geometry(16, 8) == (16, 8)
 
 
+@pytest.mark.parametrize("on", [False, True])
+def test_tile_kernel_choice(on, monkeypatch):
+    """Where the tile kernel is on, the plan takes it for aligned inputs of at least one tile
+    whose groups are 2-32 whole units, with the staged kernel's format; nowhere else."""
+    picked = []
+
+    def kernel(name, plan):
+        return lambda *a: (picked.append((name,) + a[1:2]), plan)[1]
+
+    monkeypatch.setitem(gw.TILES, "on", on)
+    monkeypatch.setattr(gw, "staged_device", lambda device: True)
+    monkeypatch.setattr(gw, "_quant_tile_plan", kernel("tiles", ("L", 256, 1, 1)))
+    monkeypatch.setattr(gw, "_quant_staged_plan", kernel("staged", ("L", 2, 32768, 1, 1)))
+    monkeypatch.setattr(gw, "_quant_plan", kernel("held", ("L", 256, 1, 1)))
+    fp16, fp32 = FLOATS["float16"], FLOATS["float32"]
+    cases = [  # (type, n, g, aligned, the kernel where tiles are on)
+        (fp16, 16384 * 7168, 128, True, "tiles"),
+        (fp16, 512 * 8, 128, True, "tiles"),       # exactly one tile (16 units a lane)
+        (fp16, 496 * 8, 128, True, "held"),        # less than a tile, under min_bytes
+        (fp16, 16384 * 7168, 128, False, "held"),  # unaligned: the general path
+        (fp16, 16384 * 7168, 2048, True, "staged"),  # 256 units a group
+        (fp16, 16384 * 7168, 24, True, "staged"),    # 3 units a group
+        (fp16, 16384 * 7168, 16, True, "tiles"),     # 2 units: 4 a lane, 128 a tile
+        (fp32, 16384 * 7168, 128, True, "tiles"),    # 32 units
+        (fp32, 16384 * 7168, 256, True, "staged"),   # 64 units
+    ]
+    for t, n, g, aligned, where in cases:
+        del picked[:]
+        gw._problem_plan("groupwise.cu", "F", "S", t, 8, n, g, aligned, True, 0,
+                         gw.TWO_PASS_UNITS, 0)
+        want = where if on or where != "tiles" else (
+            "staged" if n * t.numpy.itemsize >= gw.STAGED["min_bytes"] else "held")
+        assert [p[0] for p in picked] == [want], (t.name, n, g, aligned, on, picked)
+        assert picked[0][1] == ("S" if want in ("tiles", "staged") else "F")
+
+
 # ---------------------------------------------------------------------------------------
 # Empty inputs and shapes
 
