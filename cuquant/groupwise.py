@@ -358,7 +358,8 @@ def _problem_plan(src, fmt, staged_fmt, t: FloatType, bits: int, n: int, g: int,
     vec = t.vector_width
     fast = g % vec == 0 and aligned
     if fast and _tiled(n // vec, g // vec):
-        launch, threads, per_block, resident = _quant_tile_plan(src, staged_fmt, t, g // vec, device)
+        launch, threads, per_block, resident = _quant_tile_plan(src, staged_fmt, t, g // vec,
+                                                                device)
         groups = n // g
         return (launch, min(-(-groups // per_block), resident), threads, (groups, g), ())
     if fast and _staged(n * t.numpy.itemsize, t, g, device):
