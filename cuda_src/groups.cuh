@@ -680,10 +680,10 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
 // The quantizer on tiles held in registers, on the fast path, for groups of UPG 16-byte
 // units (UPG divides 32). A warp takes a tile of 32 K consecutive units, lane l units
 // l + 32 k (k < K), all loaded before the first is used. At step k the warp's 32 units are
-// 32 / UPG whole groups of UPG lanes, reduced by shuffles. Then lane j prepares the tile's
-// group j (and j + 32), so that the format's prepare runs once for 32 groups, not once for
-// each; the units take their group's Params from shared memory and are encoded from the
-// registers. Data never goes through shared memory: the staged kernels' ring alone held
+// 32 / UPG whole groups of UPG lanes, reduced by shuffles (reduce_steps), after which each
+// lane holds whole groups' statistics and prepares them: the format's prepare runs once
+// for up to 32 groups, not once for each. The units take their group's Params from shared
+// memory and are encoded from the registers. Data never goes through shared memory: the staged kernels' ring alone held
 // the zero point's quantizer to 0.90 of copy on an H200 (benchmarks/NOTES.md).
 //
 // The host launches it for at least one tile of units. The last tile, where the units do
@@ -717,6 +717,39 @@ __device__ __forceinline__ void emit_tile(const typename F::Params* mine, i64 u0
     }
 }
 
+// The statistics of a warp's K steps, where at each step every aligned run of UPG lanes
+// holds one group's packed words (MinMax::pack), reduced over the runs by a transposed
+// butterfly: at each shuffle level (offset O) a lane keeps half its steps and sends the
+// other half to its partner, which keeps those, so each level costs half the shuffles of
+// the one before (15 for UPG = K = 16, against 64 for each step reduced in turn). Lane l
+// ends with the reduced words of steps first, first + 1, ... in w[0], w[1], ...; once a lane
+// keeps one step, the levels left reduce it in place, and lanes that differ only in those
+// levels' bits hold the same group.
+template <class Acc, int W, int K, int O, int N>
+__device__ __forceinline__ void reduce_steps(u32 (&w)[K][W], int lane, int& first) {
+    if constexpr (O > 0) {
+        if constexpr (N >= 2) {
+            constexpr int H = N / 2;
+            const bool upper = (lane & O) != 0;
+#pragma unroll
+            for (int i = 0; i < H; ++i) {
+#pragma unroll
+                for (int j = 0; j < W; ++j) {
+                    const u32 send = upper ? w[i][j] : w[i + H][j];
+                    const u32 keep = upper ? w[i + H][j] : w[i][j];
+                    w[i][j] = Acc::combine(keep, __shfl_xor_sync(0xffffffffu, send, O));
+                }
+            }
+            if (upper) first += H;
+            reduce_steps<Acc, W, K, O / 2, H>(w, lane, first);
+        } else {
+#pragma unroll
+            for (int j = 0; j < W; ++j) w[0][j] = Acc::combine(w[0][j], __shfl_xor_sync(0xffffffffu, w[0][j], O));
+            reduce_steps<Acc, W, K, O / 2, 1>(w, lane, first);
+        }
+    }
+}
+
 template <class F, typename T, int UPG, int K>
 __global__ void __launch_bounds__(TILE_THREADS, 2)
 quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ p0,
@@ -725,42 +758,40 @@ quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restr
     typedef MinMax<T> Acc;
     typedef typename F::Params Params;
     constexpr int VEC = 16 / sizeof(T), WARPS = TILE_THREADS / 32, W = Acc::WORDS;
-    constexpr int GPS = 32 / UPG, NG = K * GPS, ROUNDS = (NG + 31) / 32;
+    constexpr int GPS = 32 / UPG, NG = K * GPS;
+    // The groups a lane prepares (reduce_steps), and the lanes that hold a group another
+    // lane prepares.
+    constexpr int NF = K >= UPG ? K / UPG : 1, DUPLICATES = K < UPG ? UPG / K - 1 : 0;
     static_assert(32 % UPG == 0, "a step holds whole groups");
-    __shared__ u32 stat[WARPS][NG * W];
     __shared__ Params prm_of[WARPS][NG];
     const QuantArgs a{groups, G, G, mode, seed_lo, seed_hi};
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i64 n_units = groups * UPG, tiles = (n_units + 32 * K - 1) / (32 * K);
-    // The slots of this lane's groups: k * GPS + lane / UPG at step k.
-    u32* my_stat = &stat[warp][(lane / UPG) * W];
+    // The Params of this lane's unit at step k: mine[k * GPS].
     const Params* mine = &prm_of[warp][lane / UPG];
     for (i64 t = (i64)blockIdx.x * WARPS + warp; t < tiles; t += (i64)gridDim.x * WARPS) {
         const i64 u0 = t * (32 * K) < n_units - 32 * K ? t * (32 * K) : n_units - 32 * K;
         Vec<T, VEC> v[K];
 #pragma unroll
         for (int k = 0; k < K; ++k) v[k] = load_vec<T, VEC>(x + (u0 + 32 * k + lane) * VEC);
+        u32 w[K][W];
 #pragma unroll
         for (int k = 0; k < K; ++k) {
             Acc acc;
             acc.add_vec(v[k]);
-            u32 w[W];
-            acc.pack(w);
-            team_reduce<UPG, Acc, W>(w, nullptr);
-            if (lane % UPG == 0) {
-#pragma unroll
-                for (int i = 0; i < W; ++i) my_stat[k * GPS * W + i] = w[i];
-            }
+            acc.pack(w[k]);
         }
-        __syncwarp();
+        int first = 0;
+        reduce_steps<Acc, W, K, UPG / 2, K>(w, lane, first);
         const i64 g0 = u0 / UPG;
         bool careful = false;
+        __syncwarp();   // the last tile's units have read their Params
+        if ((lane & DUPLICATES) == 0) {
 #pragma unroll
-        for (int r = 0; r < ROUNDS; ++r) {
-            const int j = 32 * r + lane;
-            if (j < NG) {
+            for (int i = 0; i < NF; ++i) {
+                const int j = (first + i) * GPS + lane / UPG;
                 float lo, hi;
-                Acc::unpack(&stat[warp][j * W], lo, hi);
+                Acc::unpack(w[i], lo, hi);
                 const Params p = F::template prepare<T>(lo, hi, a);
                 prm_of[warp][j] = p;
                 F::template store_params<T>(p, g0 + j, p0, p1, a);
