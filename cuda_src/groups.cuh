@@ -20,6 +20,8 @@
 //                               variant (symmetric, stochastic), chosen once a launch by
 //                               F::alternate(args)
 //   F::random                   the random words of a unit (stochastic rounding)
+//   F::with_mode(args, body)    body(args) with the run-time mode made a constant, one
+//                               copy of body a mode (the tile kernel's loops)
 //
 // Group statistics are the NaN-propagating minimum and maximum, taken with PTX
 // max.NaN / min.NaN (IEEE 754-2019 maximum / minimum: a NaN wins, -0 < +0), on two 16-bit
@@ -800,21 +802,24 @@ quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restr
         }
         careful = __any_sync(0xffffffffu, careful);
         __syncwarp();
-        if (!careful) {
-            auto held = [&](int k, i64) { return v[k]; };
-            if (F::alternate(a)) {
-                emit_tile<F, T, VEC, false, true, K, GPS, true>(mine, u0, a, rbits, q, deq, held);
+        // A loop for each mode, each without the tests of the others.
+        F::with_mode(a, [&](const QuantArgs& m) {
+            if (!careful) {
+                auto held = [&](int k, i64) { return v[k]; };
+                if (F::alternate(m)) {
+                    emit_tile<F, T, VEC, false, true, K, GPS, true>(mine, u0, m, rbits, q, deq, held);
+                } else {
+                    emit_tile<F, T, VEC, false, false, K, GPS, true>(mine, u0, m, rbits, q, deq, held);
+                }
             } else {
-                emit_tile<F, T, VEC, false, false, K, GPS, true>(mine, u0, a, rbits, q, deq, held);
+                auto again = [&](int, i64 u) { return load_vec<T, VEC>(x + u * VEC); };
+                if (F::alternate(m)) {
+                    emit_tile<F, T, VEC, true, true, K, GPS, false>(mine, u0, m, rbits, q, deq, again);
+                } else {
+                    emit_tile<F, T, VEC, true, false, K, GPS, false>(mine, u0, m, rbits, q, deq, again);
+                }
             }
-        } else {
-            auto again = [&](int, i64 u) { return load_vec<T, VEC>(x + u * VEC); };
-            if (F::alternate(a)) {
-                emit_tile<F, T, VEC, true, true, K, GPS, false>(mine, u0, a, rbits, q, deq, again);
-            } else {
-                emit_tile<F, T, VEC, true, false, K, GPS, false>(mine, u0, a, rbits, q, deq, again);
-            }
-        }
+        });
     }
 }
 

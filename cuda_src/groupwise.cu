@@ -68,6 +68,19 @@ struct DeepSpeed {
     // out of range, while below the codes reach -2**(BITS-1) exactly.
     __device__ static __forceinline__ bool alternate(const QuantArgs& a) { return a.mode != 0; }
 
+    // body(m), m being a with its mode a constant, so that body's tests of it fold away.
+    template <class Body>
+    __device__ static __forceinline__ void with_mode(const QuantArgs& a, Body body) {
+        QuantArgs m = a;
+        if (a.mode) {
+            m.mode = 1;
+            body(m);
+        } else {
+            m.mode = 0;
+            body(m);
+        }
+    }
+
     // The asymmetric variant of 16-bit x needs no lower clamp either. There hi + lo is
     // exact in float32, or else the two differ in exponent by more than 12, so that
     // hi - lo is within 2**-12 of |hi + lo|: the offset is then (hi + lo) / 2 within

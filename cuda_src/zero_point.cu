@@ -124,6 +124,23 @@ struct ZeroPoint {
         return !NEAREST_ONLY && a.mode != ZP_NEAREST;
     }
 
+    // body(m), m being a with its mode a constant, so that body's tests of it (the random
+    // words of each unit among them) fold away.
+    template <class Body>
+    __device__ static __forceinline__ void with_mode(const QuantArgs& a, Body body) {
+        QuantArgs m = a;
+        if (NEAREST_ONLY || a.mode == ZP_NEAREST) {
+            m.mode = ZP_NEAREST;
+            body(m);
+        } else if (a.mode == ZP_RBITS) {
+            m.mode = ZP_RBITS;
+            body(m);
+        } else {
+            m.mode = ZP_PHILOX;
+            body(m);
+        }
+    }
+
     // CAREFUL divides with div.rn (any x, any s) and maps NaN to code 0. Otherwise x and s
     // are 16-bit values with |x| <= 2**9 s and s >= 2**-25, where the reciprocal and one
     // correction give x / s exactly (common.cuh) wherever it can move a code or a stochastic
