@@ -54,6 +54,7 @@ def staged(monkeypatch):
 
     monkeypatch.setattr(_fast, "_table", {})  # replays keep the plans they were made with
     monkeypatch.setitem(groupwise.STAGED, "min_bytes", 0)
+    monkeypatch.setitem(groupwise.TILES, "on", False)  # it would take these groups first
     monkeypatch.setattr(groupwise, "staged_device", lambda device: True)
     monkeypatch.setattr(groupwise, "_plans", {})
     built = []

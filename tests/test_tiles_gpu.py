@@ -100,14 +100,16 @@ def _zero_point_calls(x, rng):
 @pytest.mark.parametrize("bits", [4, 8])
 def test_every_tile_geometry(dtype, bits, tiles, rng):
     """Every group size the kernel takes, on one tile, one tile and a group, and seven tiles
-    less a group, with edge values in a few groups: both DeepSpeed symmetries, and the zero
-    point in each rounding mode (16-bit data), against the NumPy backend bit for bit."""
+    less a group, with edge values in a few groups, and with every group a few ulps wide
+    (the zero point's careful arithmetic in every tile, DeepSpeed's float32 lower clamp):
+    both DeepSpeed symmetries, and the zero point in each rounding mode (16-bit data),
+    against the NumPy backend bit for bit."""
     import cupy as cp
 
     import cuquant as cq
     from _util import assert_same_bits
     from cuquant import _numpy, groupwise
-    from test_groupwise_gpu import DTYPES, edge_values
+    from test_groupwise_gpu import DTYPES, _narrow_groups, edge_values
 
     t, ft = DTYPES[dtype], groupwise.FLOATS[dtype]
     vec = 16 // SIZES[dtype]
@@ -115,10 +117,12 @@ def test_every_tile_geometry(dtype, bits, tiles, rng):
         g = units * vec
         upg, k = groupwise.tile_geometry(units)
         tile = 32 * k
-        for n_units in (tile, tile + units, 7 * tile - units):
+        for n_units, narrow in ((tile, False), (tile + units, False), (7 * tile - units, False),
+                                (3 * tile + units, True)):
             groups = n_units // units
-            x = edge_values(rng, groups * g, t, g).reshape(groups, g)
-            what = f"{dtype} bits={bits} g={g} units={n_units}"
+            x = (_narrow_groups(rng, groups, g, t) if narrow
+                 else edge_values(rng, groups * g, t, g).reshape(groups, g))
+            what = f"{dtype} bits={bits} g={g} units={n_units} narrow={narrow}"
             want = groupwise.quant_tile_expr(f"cq::DeepSpeed<{bits}>", ft, (upg, k))
             xd = cp.asarray(x)
             for sym in (False, True):
