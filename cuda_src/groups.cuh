@@ -685,8 +685,9 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
 // 32 / UPG whole groups of UPG lanes, reduced by shuffles (reduce_steps), after which each
 // lane holds whole groups' statistics and prepares them: the format's prepare runs once
 // for up to 32 groups, not once for each. The units take their group's Params from shared
-// memory and are encoded from the registers. Data never goes through shared memory: the staged kernels' ring alone held
-// the zero point's quantizer to 0.90 of copy on an H200 (benchmarks/NOTES.md).
+// memory and are encoded from the registers. The data never passes through shared memory:
+// the staged kernels' ring alone held the zero point's quantizer to 0.90 of copy on an
+// H200 (benchmarks/NOTES.md).
 //
 // The host launches it for at least one tile of units. The last tile, where the units do
 // not fill it, is moved back to end with them: it overlaps the tile before, whose groups
@@ -746,7 +747,8 @@ __device__ __forceinline__ void reduce_steps(u32 (&w)[K][W], int lane, int& firs
             reduce_steps<Acc, W, K, O / 2, H>(w, lane, first);
         } else {
 #pragma unroll
-            for (int j = 0; j < W; ++j) w[0][j] = Acc::combine(w[0][j], __shfl_xor_sync(0xffffffffu, w[0][j], O));
+            for (int j = 0; j < W; ++j)
+                w[0][j] = Acc::combine(w[0][j], __shfl_xor_sync(0xffffffffu, w[0][j], O));
             reduce_steps<Acc, W, K, O / 2, 1>(w, lane, first);
         }
     }
