@@ -195,14 +195,15 @@ def staged_choice(units: int, t: FloatType, hold: int = 0,
 
 
 # The quantizer on tiles held in registers (quantize_groups_tiles in groups.cuh), for
-# groups of `units` 16-byte units (divisors of 32) on the fast path: a warp holds
-# `units_per_lane` units a lane, reduces its groups by shuffles, prepares 32 groups at once
-# (a lane each) and encodes from its registers, without the staged kernels' shared-memory
-# ring. Written as the successor of the two-pass staged kernel for the zero point, whose
-# ring alone held it to 0.90 of copy on an H200; it is off until it has been measured
-# against the staged kernels (benchmarks/tile_sweep.py, benchmarks/NOTES.md). When on, it
-# takes precedence over the staged kernel for those group sizes, on every device.
-TILES = {"on": False, "units": (2, 4, 8, 16, 32), "units_per_lane": 16}
+# groups of `units` 16-byte units (divisors of 32) on the fast path, on every device and
+# ahead of the staged kernel: a warp holds `units_per_lane` units a lane, reduces its
+# groups by shuffles, prepares up to 32 groups at once (a lane each) and encodes from its
+# registers, without the staged kernels' shared-memory ring. On an H200 (fp16 16384 x 7168,
+# benchmarks/tile_sweep.py, benchmarks/NOTES.md) it took every such group size from the
+# staged kernel's 0.78-0.93 of copy to 0.95-0.98 for DeepSpeed's format and INT4, and the
+# zero point's from 0.83-0.87 to 0.88-0.90; 8 units a lane was best or within 0.01 of it
+# almost everywhere (16 lost 0.1 for seeded rounding, whose registers then spill).
+TILES = {"on": True, "units": (2, 4, 8, 16, 32), "units_per_lane": 8}
 TILE_THREADS = 256
 TILE_MAX_GROUPS = 64  # a tile's groups, as many as the kernel's shared-memory tables hold
 

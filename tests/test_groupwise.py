@@ -323,8 +323,8 @@ def test_tile_geometry():
         assert upg == units and 32 % units == 0 and k >= 1
         assert 32 * k // units <= gw.TILE_MAX_GROUPS
         assert k == min(gw.TILES["units_per_lane"], gw.TILE_MAX_GROUPS * units // 32)
-    assert gw.tile_geometry(16) == (16, 16) and gw.tile_geometry(2) == (2, 4)
-    assert gw.tile_geometry(16, 8) == (16, 8)
+    assert gw.tile_geometry(16) == (16, 8) and gw.tile_geometry(2) == (2, 4)
+    assert gw.tile_geometry(16, 16) == (16, 16) and gw.tile_geometry(4, 16) == (4, 8)
 
 
 @pytest.mark.parametrize("on", [False, True])
@@ -344,12 +344,14 @@ def test_tile_kernel_choice(on, monkeypatch):
     fp16, fp32 = FLOATS["float16"], FLOATS["float32"]
     cases = [  # (type, n, g, aligned, the kernel where tiles are on)
         (fp16, 16384 * 7168, 128, True, "tiles"),
-        (fp16, 512 * 8, 128, True, "tiles"),       # exactly one tile (16 units a lane)
-        (fp16, 496 * 8, 128, True, "held"),        # less than a tile, under min_bytes
+        (fp16, 256 * 8, 128, True, "tiles"),       # exactly one tile (8 units a lane)
+        (fp16, 240 * 8, 128, True, "held"),        # less than a tile, under min_bytes
         (fp16, 16384 * 7168, 128, False, "held"),  # unaligned: the general path
         (fp16, 16384 * 7168, 2048, True, "staged"),  # 256 units a group
         (fp16, 16384 * 7168, 24, True, "staged"),    # 3 units a group
         (fp16, 16384 * 7168, 16, True, "tiles"),     # 2 units: 4 a lane, 128 a tile
+        (fp16, 128 * 8, 16, True, "tiles"),          # one such tile
+        (fp16, 120 * 8, 16, True, "held"),
         (fp32, 16384 * 7168, 128, True, "tiles"),    # 32 units
         (fp32, 16384 * 7168, 256, True, "staged"),   # 64 units
     ]

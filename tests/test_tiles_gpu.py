@@ -2,7 +2,7 @@
 16-byte units in registers, reduces its groups by shuffles and prepares them a lane each)
 against the NumPy backend, bit for bit.
 
-The kernel is off by default (groupwise.TILES); the fixture turns it on with fresh launch
+The fixture makes sure the kernel is on (groupwise.TILES) and gives each case fresh launch
 plans. Every group-wise and zero-point quantizer variant whose groups are 2 to 32 whole
 units runs on its declared shapes with edge rows (zeros, infinities, subnormals, -0, NaN),
 and every (format, group size, dtype) on inputs of exactly one tile, one tile and one
