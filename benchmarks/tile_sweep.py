@@ -6,6 +6,7 @@ both see the same state of the device. Every output of every variant is compared
 default's bit for bit; a difference is printed as DIFF.
 
     python -m benchmarks.tile_sweep [--ops a,b] [--groups 32,128] [--lanes 16,8,4] [--rounds 2]
+                                    [--set rounding=stochastic --set source=rbits]
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def main():
     p.add_argument("--lanes", default="16,8,4", help="units a lane of the tile kernel")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a variant setting in place of the benchmark's (e.g. source=rbits)")
     opts = p.parse_args()
     import cupy as cp
 
@@ -60,8 +63,10 @@ def main():
         dtype = _bench_dtype(op, "")
         variants = op.bench_variants
         if groups:
-            variants = list({repr(d): d for d in ({**v, "group_size": g} for v in variants
-                                                  for g in groups)}.values())
+            variants = [{**v, "group_size": g} for v in variants for g in groups]
+        if opts.set:
+            variants = [{**v, **dict(kv.split("=", 1) for kv in opts.set)} for v in variants]
+        variants = list({repr(d): d for d in variants}.values())
         for variant in variants:
             args, kwargs = op.make(cp, rng, _registry.HEADLINE, dtype, **variant)
             call = lambda: op.fn(*args, **kwargs)  # noqa: E731
