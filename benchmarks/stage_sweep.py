@@ -50,7 +50,7 @@ def main():
             out = call()
             outs = out if isinstance(out, (tuple, list)) else (out,)
             moved = (op.moved(args, kwargs, outs) if op.moved
-                     else harness.nbytes(list(args)) + harness.nbytes(out))
+                     else harness.nbytes(list(args) + list(kwargs.values())) + harness.nbytes(out))
             cells = []
             variants = [("held", {"min_bytes": 1 << 62})]
             for sb, smem in configs:

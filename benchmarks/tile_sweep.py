@@ -75,7 +75,7 @@ def main():
             want = _bits(out)
             outs = out if isinstance(out, (tuple, list)) else (out,)
             moved = (op.moved(args, kwargs, outs) if op.moved
-                     else harness.nbytes(list(args)) + harness.nbytes(out))
+                     else harness.nbytes(list(args) + list(kwargs.values())) + harness.nbytes(out))
             del out, outs
             cells = {c: [] for c in configs}
             notes = []
