@@ -134,10 +134,7 @@ def run(opts, checkpoint=None) -> list[dict]:
                     args, kwargs = op.make(cp, rng, shape, dtype, **variant)
                     call = lambda: op.fn(*args, **kwargs)  # noqa: E731
                     out = call()
-                    # Every input read once (keyword arrays too) and every output written once.
-                    logical = harness.nbytes(list(args) + list(kwargs.values())) + harness.nbytes(out)
-                    moved = op.moved(args, kwargs, out if isinstance(out, (tuple, list)) else (out,)) \
-                        if op.moved else logical
+                    moved, logical = harness.bytes_moved(op, args, kwargs, out)
                     ms = timer.time_ms(call, reps=opts.reps)
                     row.update(us=ms * 1e3, bytes=moved, logical_bytes=logical,
                                tbps=moved / (ms * 1e-3) / 1e12,

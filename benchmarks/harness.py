@@ -120,6 +120,16 @@ def nbytes(obj) -> int:
     return int(n() if callable(n) else n)
 
 
+def bytes_moved(op, args, kwargs, out) -> tuple[int, int]:
+    """(bytes the op really moves, logical bytes) of one call, as SPEC section 8 counts
+    them: every input read once (keyword arrays, such as the caller's random words, too)
+    and every output written once; the op's own `moved` where it reads more (per-tensor
+    dynamic reads its input twice)."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    logical = nbytes(list(args) + list(kwargs.values())) + nbytes(list(outs))
+    return (op.moved(args, kwargs, outs) if op.moved else logical), logical
+
+
 def to_torch(obj):
     """CuPy arrays as torch tensors (zero copy); bfloat16 through an int16 view."""
     import ml_dtypes

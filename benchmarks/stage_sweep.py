@@ -48,9 +48,7 @@ def main():
             args, kwargs = op.make(cp, rng, _registry.HEADLINE, dtype, **variant)
             call = lambda: op.fn(*args, **kwargs)  # noqa: E731
             out = call()
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            moved = (op.moved(args, kwargs, outs) if op.moved
-                     else harness.nbytes(list(args) + list(kwargs.values())) + harness.nbytes(out))
+            moved, _ = harness.bytes_moved(op, args, kwargs, out)
             cells = []
             variants = [("held", {"min_bytes": 1 << 62})]
             for sb, smem in configs:
@@ -74,7 +72,7 @@ def main():
             groupwise._plans.clear()
             _fast.clear()
             print(f"{op.name} {json.dumps(variant)} {dtype}: " + " | ".join(cells), flush=True)
-            del args, kwargs, out, outs
+            del args, kwargs, out
             cp.get_default_memory_pool().free_all_blocks()
 
 

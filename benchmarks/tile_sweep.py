@@ -73,10 +73,8 @@ def main():
             _configure(0)
             out = call()
             want = _bits(out)
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            moved = (op.moved(args, kwargs, outs) if op.moved
-                     else harness.nbytes(list(args) + list(kwargs.values())) + harness.nbytes(out))
-            del out, outs
+            moved, _ = harness.bytes_moved(op, args, kwargs, out)
+            del out
             cells = {c: [] for c in configs}
             notes = []
             for _ in range(opts.rounds):
