@@ -149,9 +149,10 @@ def programs(arch: str, sources: dict[str, list[str]] | None = None, chunk: int 
 def compile_all(arch: str, sources: dict[str, list[str]] | None = None, chunk: int = 40,
                 workers: int | None = None) -> dict[str, int]:
     """Compile every specialization with NVRTC for `arch`, in programs of `chunk` name
-    expressions on `workers` threads (default: one a CPU; NVRTC runs without the GIL, and
-    programs this small cost no more in all than large ones), and check that each name
-    expression made a kernel. Returns the count per source."""
+    expressions on `workers` threads (default: one a CPU, at most 8, since each compile
+    holds its own memory; NVRTC runs without the GIL, and programs this small cost no more
+    in all than large ones), and check that each name expression made a kernel. Returns
+    the count per source."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cupy_backends.cuda.libs import nvrtc
@@ -167,7 +168,7 @@ def compile_all(arch: str, sources: dict[str, list[str]] | None = None, chunk: i
         return src, len(part)
 
     counts: dict[str, int] = {}
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
         for src, n in pool.map(one, list(_parts(sources, chunk))):
             counts[src] = counts.get(src, 0) + n
     return counts
