@@ -22,6 +22,8 @@
 //   F::random                   the random words of a unit (stochastic rounding)
 //   F::with_mode(args, body)    body(args) with the run-time mode made a constant, one
 //                               copy of body a mode (the tile kernel's loops)
+//   F::PREFETCH                 the tile kernel loads a warp's next tile while it encodes
+//                               the one before (for a grid of fewer warps than tiles)
 //
 // Group statistics are the NaN-propagating minimum and maximum, taken with PTX
 // max.NaN / min.NaN (IEEE 754-2019 maximum / minimum: a NaN wins, -0 < +0), on two 16-bit
@@ -689,6 +691,12 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
 // the staged kernels' ring alone held the zero point's quantizer to 0.90 of copy on an
 // H200 (benchmarks/NOTES.md).
 //
+// A warp takes tiles a grid apart. The host sizes the grid to the device (DeepSpeed's
+// format: each warp then takes many tiles, and with F::PREFETCH loads its next tile before
+// it encodes this one: 8 more registers of 16 bytes, 0.95 -> 0.96 of copy on an H200) or
+// to the tiles (the zero point: a warp a tile, which with three outputs to write measured
+// 0.90 -> 0.955 there; benchmarks/NOTES.md).
+//
 // The host launches it for at least one tile of units. The last tile, where the units do
 // not fill it, is moved back to end with them: it overlaps the tile before, whose groups
 // it writes again with the same values, and no load, statistic or store needs a bound.
@@ -773,11 +781,18 @@ quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restr
     const i64 n_units = groups * UPG, tiles = (n_units + 32 * K - 1) / (32 * K);
     // The Params of this lane's unit at step k: mine[k * GPS].
     const Params* mine = &prm_of[warp][lane / UPG];
-    for (i64 t = (i64)blockIdx.x * WARPS + warp; t < tiles; t += (i64)gridDim.x * WARPS) {
-        const i64 u0 = t * (32 * K) < n_units - 32 * K ? t * (32 * K) : n_units - 32 * K;
-        Vec<T, VEC> v[K];
+    const i64 stride = (i64)gridDim.x * WARPS;
+    auto start = [&](i64 t) { return t * (32 * K) < n_units - 32 * K ? t * (32 * K) : n_units - 32 * K; };
+    auto load_tile = [&](Vec<T, VEC> (&v)[K], i64 t) {
 #pragma unroll
-        for (int k = 0; k < K; ++k) v[k] = load_vec<T, VEC>(x + (u0 + 32 * k + lane) * VEC);
+        for (int k = 0; k < K; ++k) v[k] = load_vec<T, VEC>(x + (start(t) + 32 * k + lane) * VEC);
+    };
+    i64 t = (i64)blockIdx.x * WARPS + warp;
+    Vec<T, VEC> v[K];
+    if (F::PREFETCH && t < tiles) load_tile(v, t);
+    for (; t < tiles; t += stride) {
+        const i64 u0 = start(t);
+        if (!F::PREFETCH) load_tile(v, t);
         u32 w[K][W];
 #pragma unroll
         for (int k = 0; k < K; ++k) {
@@ -804,6 +819,11 @@ quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restr
         }
         careful = __any_sync(0xffffffffu, careful);
         __syncwarp();
+        // PREFETCH: the next tile's units, in flight while this one's are encoded.
+        Vec<T, VEC> next[F::PREFETCH ? K : 1];
+        if constexpr (F::PREFETCH) {
+            if (t + stride < tiles) load_tile(next, t + stride);
+        }
         // A loop for each mode, each without the tests of the others.
         F::with_mode(a, [&](const QuantArgs& m) {
             if (!careful) {
@@ -822,6 +842,10 @@ quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restr
                 }
             }
         });
+        if constexpr (F::PREFETCH) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) v[k] = next[k];
+        }
     }
 }
 

@@ -20,6 +20,8 @@ template <int B>
 struct DeepSpeed {
     static constexpr int BITS = B;
     static constexpr bool LOW_FIRST = false, DEQUANT = false;
+    // The tile kernel's next tile in flight (quantize_groups_tiles).
+    static constexpr bool PREFETCH = true;
     struct Params {
         float mult, offset, inv;
         bool careful;   // mult is 0, inf or NaN, or offset is not finite: NaN can arise

@@ -50,6 +50,8 @@ struct ZeroPoint {
     static constexpr int BITS = B;
     static constexpr bool LOW_FIRST = true, DEQUANT = true;
     static constexpr int QMAX = (1 << B) - 1;
+    // The tile kernel takes one tile a warp here (the host's grid), so nothing to prefetch.
+    static constexpr bool PREFETCH = false;
     // What encode reads first, in two 16-byte words: the two-pass kernel keeps a group's
     // Params in shared memory and reads them for every unit.
     struct __align__(16) Params {

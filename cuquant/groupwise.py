@@ -203,7 +203,12 @@ def staged_choice(units: int, t: FloatType, hold: int = 0,
 # staged kernel's 0.78-0.93 of copy to 0.95-0.98 for DeepSpeed's format and INT4, and the
 # zero point's from 0.83-0.87 to 0.88-0.90; 8 units a lane was best or within 0.01 of it
 # almost everywhere (16 lost 0.1 for seeded rounding, whose registers then spill).
-TILES = {"on": True, "units": (2, 4, 8, 16, 32), "units_per_lane": 8}
+# The grid: persistent for DeepSpeed's format (a warp takes many tiles, the next one
+# loaded while it encodes the last: G=128 0.95 -> 0.96), one tile a warp for the zero
+# point, whose three outputs measured 0.90 -> 0.955 that way and DeepSpeed's 0.96 ->
+# 0.89-0.94 (`persistent_tiles` of quantize_plan). "max_blocks" caps the grid (None: no
+# cap), so that tests can make each warp take many tiles on small inputs.
+TILES = {"on": True, "units": (2, 4, 8, 16, 32), "units_per_lane": 8, "max_blocks": None}
 TILE_THREADS = 256
 TILE_MAX_GROUPS = 64  # a tile's groups, as many as the kernel's shared-memory tables hold
 
@@ -304,14 +309,14 @@ def _quant_plan(src, fmt, t, vec, geom, device):
 
 def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbits=None,
                   big: bool = True, hold: int = 0, two_pass_units: tuple = TWO_PASS_UNITS,
-                  staged_fmt_of_bits=None):
+                  staged_fmt_of_bits=None, persistent_tiles: bool = True):
     """The launch plan of quantize_groups over the C-contiguous x (n elements, n % g == 0),
     None when x is empty. The fast path needs g to be a multiple of a 16-byte unit and
     16-byte aligned x (and rbits); otherwise units are one byte of codes and a chunk is two
     groups when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on
-    the device at once. `hold` and `two_pass_units`: the staged kernel's geometry
-    (staged_choice); `staged_fmt_of_bits`: the staged kernel's format, when not the other
-    kernels' one.
+    the device at once; the tile kernel's too, unless `persistent_tiles` is false (one tile
+    a warp). `hold` and `two_pass_units`: the staged kernel's geometry (staged_choice);
+    `staged_fmt_of_bits`: the staged kernel's format, when not the other kernels' one.
     What a problem needs is worked out once (`_problem_plan`)."""
     n = x.size
     if n == 0:
@@ -319,14 +324,14 @@ def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbi
     aligned = (x.data.ptr | (0 if rbits is None else rbits.data.ptr)) % 16 == 0
     # The format functions themselves are in the key: their names are only made on a miss.
     key = ("quant-problem", src, fmt_of_bits, staged_fmt_of_bits, bits, t.name, n, g,
-           aligned, big, hold, two_pass_units, x.data.device_id)
+           aligned, big, hold, two_pass_units, persistent_tiles, x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         fmt = fmt_of_bits(bits)
         staged_fmt = fmt if staged_fmt_of_bits is None else staged_fmt_of_bits(bits)
         plan = _gpu.remember(_plans, key, _problem_plan(
             src, fmt, staged_fmt, t, bits, n, g, aligned, big, hold, two_pass_units,
-            x.data.device_id))
+            persistent_tiles, x.data.device_id))
     return plan
 
 
@@ -354,7 +359,8 @@ class QuantizeRun:
 
 
 def _problem_plan(src, fmt, staged_fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool,
-                  big: bool, hold: int, two_pass_units: tuple, device: int):
+                  big: bool, hold: int, two_pass_units: tuple, persistent_tiles: bool,
+                  device: int):
     """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
     vec = t.vector_width
     fast = g % vec == 0 and aligned
@@ -362,7 +368,12 @@ def _problem_plan(src, fmt, staged_fmt, t: FloatType, bits: int, n: int, g: int,
         launch, threads, per_block, resident = _quant_tile_plan(src, staged_fmt, t, g // vec,
                                                                 device)
         groups = n // g
-        return (launch, min(-(-groups // per_block), resident), threads, (groups, g), ())
+        grid = -(-groups // per_block)
+        if persistent_tiles:
+            grid = min(grid, resident)
+        if TILES["max_blocks"]:
+            grid = min(grid, TILES["max_blocks"])
+        return (launch, grid, threads, (groups, g), ())
     if fast and _staged(n * t.numpy.itemsize, t, g, device):
         launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(
             src, staged_fmt, t, g, hold, two_pass_units, device)
@@ -389,7 +400,7 @@ def _tiled(n_units: int, units: int) -> bool:
 
 def _quant_tile_plan(src, fmt, t, units, device):
     """(launch, threads, groups a block takes at once, blocks resident at once) of the tile
-    kernel; the grid is persistent, each warp taking tiles a grid apart."""
+    kernel, whose warps take tiles a grid apart."""
     geom = tile_geometry(units)
     key = ("quant-tiles", src, fmt, t.name, geom, device)
     plan = _plans.get(key)

@@ -117,7 +117,8 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
     rb = None if rbits is None else contiguous(rbits)
     staged_fmt_of_bits, hold, two_pass_units = STAGED_BY_MODE[mode]
     plan = quantize_plan(SRC, _zp_format, xc, t, bits, g, rb, big=False, hold=hold,
-                         two_pass_units=two_pass_units, staged_fmt_of_bits=staged_fmt_of_bits)
+                         two_pass_units=two_pass_units, staged_fmt_of_bits=staged_fmt_of_bits,
+                         persistent_tiles=False)
     if plan is None:
         return outputs.make(), False
     run = QuantizeRun(outputs, plan, mode, seed)

@@ -327,6 +327,26 @@ def test_tile_geometry():
     assert gw.tile_geometry(16, 16) == (16, 16) and gw.tile_geometry(4, 16) == (4, 8)
 
 
+def test_tile_grid(monkeypatch):
+    """The tile kernel's grid: the blocks resident at once where it is persistent (DeepSpeed's
+    format), a block for each block's worth of tiles where not (the zero point), never more
+    than TILES["max_blocks"] when that is set."""
+    monkeypatch.setitem(gw.TILES, "on", True)
+    # 8 warps a block, 8 units a lane, 16 units a group: 128 groups a block's tiles.
+    monkeypatch.setattr(gw, "_quant_tile_plan", lambda *a: ("L", 256, 128, 264))
+    fp16 = FLOATS["float16"]
+
+    def grid(n, persistent):
+        return gw._problem_plan("groupwise.cu", "F", "S", fp16, 8, n, 128, True, True, 0,
+                                gw.TWO_PASS_UNITS, persistent, 0)[1]
+
+    n = 16384 * 7168  # 917504 groups
+    assert grid(n, True) == 264 and grid(n, False) == 7168
+    assert grid(128 * 128 * 3 + 128, True) == 4 and grid(128 * 128 * 3 + 128, False) == 4
+    monkeypatch.setitem(gw.TILES, "max_blocks", 1)
+    assert grid(n, True) == 1 and grid(n, False) == 1
+
+
 @pytest.mark.parametrize("on", [False, True])
 def test_tile_kernel_choice(on, monkeypatch):
     """Where the tile kernel is on, the plan takes it for aligned inputs of at least one tile
@@ -358,7 +378,7 @@ def test_tile_kernel_choice(on, monkeypatch):
     for t, n, g, aligned, where in cases:
         del picked[:]
         gw._problem_plan("groupwise.cu", "F", "S", t, 8, n, g, aligned, True, 0,
-                         gw.TWO_PASS_UNITS, 0)
+                         gw.TWO_PASS_UNITS, True, 0)
         want = where if on or where != "tiles" else (
             "staged" if n * t.numpy.itemsize >= gw.STAGED["min_bytes"] else "held")
         assert [p[0] for p in picked] == [want], (t.name, n, g, aligned, on, picked)

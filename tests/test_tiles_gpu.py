@@ -144,3 +144,48 @@ def test_every_tile_geometry(dtype, bits, tiles, rng):
                 fmt = (f"cq::ZeroPoint<{bits}, true>" if mode == "nearest"
                        else f"cq::ZeroPoint<{bits}>")
                 assert built == [groupwise.quant_tile_expr(fmt, ft, (upg, k))], (what, mode, built)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_warps_taking_many_tiles(dtype, bits, tiles, rng, monkeypatch):
+    """One block for the whole input (TILES["max_blocks"]), so each of its warps takes
+    several tiles in turn: DeepSpeed's format loads each next tile while it encodes the one
+    before, also across tiles whose groups take the careful arithmetic (which reads its
+    units again) and into the last tile, moved back; the zero point, planned a tile a warp,
+    walks the same loop here. Against the NumPy backend bit for bit, every group size."""
+    import cupy as cp
+
+    import cuquant as cq
+    from _util import assert_same_bits
+    from cuquant import _numpy, groupwise
+    from test_groupwise_gpu import DTYPES, _narrow_groups, edge_values
+
+    monkeypatch.setitem(groupwise.TILES, "max_blocks", 1)
+    t = DTYPES[dtype]
+    vec = 16 // SIZES[dtype]
+    for units in groupwise.TILES["units"]:
+        g = units * vec
+        tile = 32 * groupwise.tile_geometry(units)[1]
+        # 8 warps: three tiles each, five take a fourth, and the last tile is moved back.
+        groups = (29 * tile + units) // units
+        x = edge_values(rng, groups * g, t, g).reshape(groups, g)
+        narrow = rng.choice(groups, size=3, replace=False)   # careful groups in a few tiles
+        x[narrow] = _narrow_groups(rng, 3, g, t)
+        what = f"{dtype} bits={bits} g={g} groups={groups}"
+        xd = cp.asarray(x)
+        for sym in (False, True):
+            (q, p), built = tiles.run(lambda: cq.quantize_groupwise(xd, bits, sym, g))
+            qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
+            assert_same_bits(q, qh, f"{what} sym={sym} codes")
+            assert_same_bits(p, ph, f"{what} sym={sym} params")
+            assert len(built) == 1 and "quantize_groups_tiles" in built[0], (what, built)
+        if SIZES[dtype] != 2:
+            continue
+        for mode, kw in _zero_point_calls(x, rng):
+            dkw = {key: cp.asarray(v) if isinstance(v, np.ndarray) else v for key, v in kw.items()}
+            got, built = tiles.run(lambda: cq.quantize_groupwise_zero_point(xd, bits, g, **dkw))
+            want_out = cq.quantize_groupwise_zero_point(x, bits, g, **kw)
+            for i, (a, b) in enumerate(zip(got, want_out)):
+                assert_same_bits(a, b, f"{what} zero point {mode} output {i}")
+            assert len(built) == 1 and "quantize_groups_tiles" in built[0], (what, mode, built)
