@@ -206,7 +206,7 @@ def staged_choice(units: int, t: FloatType, hold: int = 0,
 # The grid: persistent for DeepSpeed's format (a warp takes many tiles, the next one
 # loaded while it encodes the last: G=128 0.95 -> 0.96), one tile a warp for the zero
 # point, whose three outputs measured 0.90 -> 0.955 that way and DeepSpeed's 0.96 ->
-# 0.89-0.94 (`persistent_tiles` of quantize_plan). "max_blocks" caps the grid (None: no
+# 0.885-0.95 (`persistent_tiles` of quantize_plan). "max_blocks" caps the grid (None: no
 # cap), so that tests can make each warp take many tiles on small inputs.
 TILES = {"on": True, "units": (2, 4, 8, 16, 32), "units_per_lane": 8, "max_blocks": None}
 TILE_THREADS = 256

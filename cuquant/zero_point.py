@@ -116,6 +116,7 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
             ((m, k // g), t.numpy), ((m, k), t.numpy)))
     rb = None if rbits is None else contiguous(rbits)
     staged_fmt_of_bits, hold, two_pass_units = STAGED_BY_MODE[mode]
+    # The tile kernel a warp a tile (groupwise.TILES): 0.90 -> 0.955 of copy on an H200.
     plan = quantize_plan(SRC, _zp_format, xc, t, bits, g, rb, big=False, hold=hold,
                          two_pass_units=two_pass_units, staged_fmt_of_bits=staged_fmt_of_bits,
                          persistent_tiles=False)
