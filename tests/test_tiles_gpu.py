@@ -96,6 +96,36 @@ def _zero_point_calls(x, rng):
             ("seed", {"rounding": "stochastic", "seed": 0x1234_5678_9ABC})]
 
 
+def _check_formats(tiles, x, bits, g, ft, geom, what, rng):
+    """Both DeepSpeed symmetries and, for 16-bit data, the zero point in each rounding mode
+    on the host array x, planned afresh on the GPU, against the NumPy backend bit for bit,
+    each through the tile kernel of geometry `geom` alone (ft: x's FloatType)."""
+    import cupy as cp
+
+    import cuquant as cq
+    from _util import assert_same_bits
+    from cuquant import _numpy, groupwise
+
+    xd = cp.asarray(x)
+    for sym in (False, True):
+        (q, p), built = tiles.run(lambda: cq.quantize_groupwise(xd, bits, sym, g))
+        qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
+        assert_same_bits(q, qh, f"{what} sym={sym} codes")
+        assert_same_bits(p, ph, f"{what} sym={sym} params")
+        assert built == [groupwise.quant_tile_expr(f"cq::DeepSpeed<{bits}>", ft, geom)], \
+            (what, sym, built)
+    if x.dtype.itemsize != 2:
+        return
+    for mode, kw in _zero_point_calls(x, rng):
+        dkw = {key: cp.asarray(v) if isinstance(v, np.ndarray) else v for key, v in kw.items()}
+        got, built = tiles.run(lambda: cq.quantize_groupwise_zero_point(xd, bits, g, **dkw))
+        want_out = cq.quantize_groupwise_zero_point(x, bits, g, **kw)
+        for i, (a, b) in enumerate(zip(got, want_out)):
+            assert_same_bits(a, b, f"{what} zero point {mode} output {i}")
+        fmt = f"cq::ZeroPoint<{bits}, true>" if mode == "nearest" else f"cq::ZeroPoint<{bits}>"
+        assert built == [groupwise.quant_tile_expr(fmt, ft, geom)], (what, mode, built)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_every_tile_geometry(dtype, bits, tiles, rng):
@@ -104,11 +134,7 @@ def test_every_tile_geometry(dtype, bits, tiles, rng):
     (the zero point's careful arithmetic in every tile, DeepSpeed's float32 lower clamp):
     both DeepSpeed symmetries, and the zero point in each rounding mode (16-bit data),
     against the NumPy backend bit for bit."""
-    import cupy as cp
-
-    import cuquant as cq
-    from _util import assert_same_bits
-    from cuquant import _numpy, groupwise
+    from cuquant import groupwise
     from test_groupwise_gpu import DTYPES, _narrow_groups, edge_values
 
     t, ft = DTYPES[dtype], groupwise.FLOATS[dtype]
@@ -123,27 +149,7 @@ def test_every_tile_geometry(dtype, bits, tiles, rng):
             x = (_narrow_groups(rng, groups, g, t) if narrow
                  else edge_values(rng, groups * g, t, g).reshape(groups, g))
             what = f"{dtype} bits={bits} g={g} units={n_units} narrow={narrow}"
-            want = groupwise.quant_tile_expr(f"cq::DeepSpeed<{bits}>", ft, (upg, k))
-            xd = cp.asarray(x)
-            for sym in (False, True):
-                (q, p), built = tiles.run(lambda: cq.quantize_groupwise(xd, bits, sym, g))
-                qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
-                assert_same_bits(q, qh, f"{what} sym={sym} codes")
-                assert_same_bits(p, ph, f"{what} sym={sym} params")
-                assert built == [want], (what, sym, built)
-            if SIZES[dtype] != 2:
-                continue
-            for mode, kw in _zero_point_calls(x, rng):
-                dkw = {key: cp.asarray(v) if isinstance(v, np.ndarray) else v
-                       for key, v in kw.items()}
-                got, built = tiles.run(
-                    lambda: cq.quantize_groupwise_zero_point(xd, bits, g, **dkw))
-                want_out = cq.quantize_groupwise_zero_point(x, bits, g, **kw)
-                for i, (a, b) in enumerate(zip(got, want_out)):
-                    assert_same_bits(a, b, f"{what} zero point {mode} output {i}")
-                fmt = (f"cq::ZeroPoint<{bits}, true>" if mode == "nearest"
-                       else f"cq::ZeroPoint<{bits}>")
-                assert built == [groupwise.quant_tile_expr(fmt, ft, (upg, k))], (what, mode, built)
+            _check_formats(tiles, x, bits, g, ft, (upg, k), what, rng)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -154,11 +160,7 @@ def test_warps_taking_many_tiles(dtype, bits, tiles, rng, monkeypatch):
     before, also across tiles whose groups take the careful arithmetic (which reads its
     units again) and into the last tile, moved back; the zero point, planned a tile a warp,
     walks the same loop here. Against the NumPy backend bit for bit, every group size."""
-    import cupy as cp
-
-    import cuquant as cq
-    from _util import assert_same_bits
-    from cuquant import _numpy, groupwise
+    from cuquant import groupwise
     from test_groupwise_gpu import DTYPES, _narrow_groups, edge_values
 
     monkeypatch.setitem(groupwise.TILES, "max_blocks", 1)
@@ -167,25 +169,11 @@ def test_warps_taking_many_tiles(dtype, bits, tiles, rng, monkeypatch):
     for units in groupwise.TILES["units"]:
         g = units * vec
         tile = 32 * groupwise.tile_geometry(units)[1]
-        # 8 warps: three tiles each, five take a fourth, and the last tile is moved back.
+        # 30 tiles for 8 warps (six take four, two take three); the last one is moved back.
         groups = (29 * tile + units) // units
         x = edge_values(rng, groups * g, t, g).reshape(groups, g)
         narrow = rng.choice(groups, size=3, replace=False)   # careful groups in a few tiles
         x[narrow] = _narrow_groups(rng, 3, g, t)
         what = f"{dtype} bits={bits} g={g} groups={groups}"
-        xd = cp.asarray(x)
-        for sym in (False, True):
-            (q, p), built = tiles.run(lambda: cq.quantize_groupwise(xd, bits, sym, g))
-            qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
-            assert_same_bits(q, qh, f"{what} sym={sym} codes")
-            assert_same_bits(p, ph, f"{what} sym={sym} params")
-            assert len(built) == 1 and "quantize_groups_tiles" in built[0], (what, built)
-        if SIZES[dtype] != 2:
-            continue
-        for mode, kw in _zero_point_calls(x, rng):
-            dkw = {key: cp.asarray(v) if isinstance(v, np.ndarray) else v for key, v in kw.items()}
-            got, built = tiles.run(lambda: cq.quantize_groupwise_zero_point(xd, bits, g, **dkw))
-            want_out = cq.quantize_groupwise_zero_point(x, bits, g, **kw)
-            for i, (a, b) in enumerate(zip(got, want_out)):
-                assert_same_bits(a, b, f"{what} zero point {mode} output {i}")
-            assert len(built) == 1 and "quantize_groups_tiles" in built[0], (what, mode, built)
+        _check_formats(tiles, x, bits, g, groupwise.FLOATS[dtype], groupwise.tile_geometry(units),
+                       what, rng)
