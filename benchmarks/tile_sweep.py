@@ -1,9 +1,10 @@
 """The tile quantizer (groupwise.TILES, quantize_groups_tiles in cuda_src/groups.cuh)
-against the library's default plan at the headline shape: for every group-wise and
-zero-point quantizer, the default (staged) kernel and the tile kernel with each number of
-units a lane, as a fraction of the copy bandwidth, cold L2, alternating over rounds so that
-both see the same state of the device. Every output of every variant is compared with the
-default's bit for bit; a difference is printed as DIFF.
+against the plan with it off at the headline shape: for every group-wise and zero-point
+quantizer, the kernel that plan takes (staged, for groups of 2-32 units and large inputs)
+and the tile kernel with each number of units a lane, as a fraction of the copy bandwidth,
+cold L2, alternating over rounds so that both see the same state of the device. Every
+output of every variant is compared with the tiles-off plan's bit for bit; a difference is
+printed as DIFF.
 
     python -m benchmarks.tile_sweep [--ops a,b] [--groups 32,128] [--lanes 16,8,4] [--rounds 2]
                                     [--set rounding=stochastic --set source=rbits]
@@ -22,7 +23,7 @@ from .__main__ import _bench_dtype
 
 
 def _configure(units_per_lane: int) -> None:
-    """0: the default plan (tiles off); otherwise tiles with that many units a lane."""
+    """0: the plan with the tiles off; otherwise tiles with that many units a lane."""
     groupwise.TILES["on"] = units_per_lane > 0
     if units_per_lane:
         groupwise.TILES["units_per_lane"] = units_per_lane
@@ -94,7 +95,7 @@ def main():
             groupwise.TILES.update(saved)
             groupwise._plans.clear()
             _fast.clear()
-            line = " | ".join(("default" if c == 0 else f"tiles k{c}") + " " + "/".join(v)
+            line = " | ".join(("tiles off" if c == 0 else f"tiles k{c}") + " " + "/".join(v)
                               for c, v in cells.items())
             print(f"{op.name} {op.notes.split(';')[0]} {variant} {dtype}: {line}"
                   + ("  " + "; ".join(sorted(set(notes))) if notes else ""), flush=True)

@@ -368,7 +368,7 @@ def _problem_plan(src, fmt, staged_fmt, t: FloatType, bits: int, n: int, g: int,
         launch, threads, per_block, resident = _quant_tile_plan(src, staged_fmt, t, g // vec,
                                                                 device)
         groups = n // g
-        grid = -(-groups // per_block)
+        grid = _gpu.blocks_for(groups, per_block)
         if persistent_tiles:
             grid = min(grid, resident)
         if TILES["max_blocks"]:
@@ -378,7 +378,7 @@ def _problem_plan(src, fmt, staged_fmt, t: FloatType, bits: int, n: int, g: int,
         launch, stages, stage_bytes, gpc, resident = _quant_staged_plan(
             src, staged_fmt, t, g, hold, two_pass_units, device)
         groups = n // g
-        return (launch, min(-(-groups // gpc), resident), STAGED_THREADS, (groups, g),
+        return (launch, min(_gpu.blocks_for(groups, gpc), resident), STAGED_THREADS, (groups, g),
                 (gpc, stages, stage_bytes))
     if fast:
         length = g
@@ -388,7 +388,8 @@ def _problem_plan(src, fmt, staged_fmt, t: FloatType, bits: int, n: int, g: int,
     geom = geometry(length // vec, fast, big)
     launch, threads, per_block, resident = _quant_plan(src, fmt, t, vec, geom, device)
     chunks = n // length
-    return launch, min(-(-chunks // per_block), resident), threads, (chunks, length, g), ()
+    grid = min(_gpu.blocks_for(chunks, per_block), resident)
+    return launch, grid, threads, (chunks, length, g), ()
 
 
 def _tiled(n_units: int, units: int) -> bool:

@@ -160,6 +160,21 @@ def _edges(x: np.ndarray, rng, with_nan: bool) -> np.ndarray:
     return x
 
 
+def _fresh_group_plans(monkeypatch) -> list:
+    """The group-wise launch plans made afresh for one test (no plan or kept replay from
+    before; a replay keeps the plan it was made with). Returns the list that the name
+    expression of every kernel those plans ask for is appended to, in order."""
+    from cuquant import _fast, groupwise
+
+    monkeypatch.setattr(_fast, "_table", {})
+    monkeypatch.setattr(groupwise, "_plans", {})
+    built = []
+    function = groupwise._kernels.function
+    monkeypatch.setattr(groupwise._kernels, "function",
+                        lambda src, expr, device: (built.append(expr), function(src, expr, device))[1])
+    return built
+
+
 def _compare_edge_rows(op, shape, dtype, variant, rng, what: str) -> int:
     """The op on random inputs of `shape` with edge rows in place of random ones (without,
     then with NaN; where x is 2-D with 8 rows or more) against the NumPy backend, bit for

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cuquant import _registry
-from test_gpu import _compare_edge_rows
+from test_gpu import _compare_edge_rows, _fresh_group_plans
 
 pytestmark = pytest.mark.gpu
 
@@ -50,17 +50,12 @@ def _staged_cases():
 def staged(monkeypatch):
     """The staged kernel for every input size, with fresh launch plans; configure(name)
     picks the stage geometry, plans() lists the staged plans made so far."""
-    from cuquant import _fast, groupwise
+    from cuquant import groupwise
 
-    monkeypatch.setattr(_fast, "_table", {})  # replays keep the plans they were made with
+    built = _fresh_group_plans(monkeypatch)
     monkeypatch.setitem(groupwise.STAGED, "min_bytes", 0)
     monkeypatch.setitem(groupwise.TILES, "on", False)  # it would take these groups first
     monkeypatch.setattr(groupwise, "staged_device", lambda device: True)
-    monkeypatch.setattr(groupwise, "_plans", {})
-    built = []
-    function = groupwise._kernels.function
-    monkeypatch.setattr(groupwise._kernels, "function",
-                        lambda src, expr, device: (built.append(expr), function(src, expr, device))[1])
 
     class Staged:
         @staticmethod

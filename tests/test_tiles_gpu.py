@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from cuquant import _registry
-from test_gpu import _compare_edge_rows
+from test_gpu import _compare_edge_rows, _fresh_group_plans
 
 pytestmark = pytest.mark.gpu
 
@@ -48,16 +48,8 @@ def tiles(monkeypatch):
     plans asked for (name expressions)."""
     from cuquant import _fast, groupwise
 
-    monkeypatch.setattr(_fast, "_table", {})  # replays keep the plans they were made with
+    built = _fresh_group_plans(monkeypatch)
     monkeypatch.setitem(groupwise.TILES, "on", True)
-    monkeypatch.setattr(groupwise, "_plans", {})
-    built = []
-    function = groupwise._kernels.function
-    def spy(src, expr, device):
-        built.append(expr)
-        return function(src, expr, device)
-
-    monkeypatch.setattr(groupwise._kernels, "function", spy)
 
     class Tiles:
         @staticmethod
