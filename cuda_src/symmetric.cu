@@ -279,22 +279,23 @@ __device__ __forceinline__ Vec<float, VEC> smooth_vec_fast(const Vec<Tin, VEC>& 
     return r;
 }
 
-// SmoothQuant's codes rint(RN(xs / s)) for a scale s from the row's own maximum, from the
-// exact product P = xs * y, y = RN(1 / s), without Newton corrections. |xs / s| <= 127.5,
-// so |P - xs / s| <= 127.5 * 2**-24 and |P - RN(xs / s)| < 0.75 * 2**-16. fma(xs, y,
-// 1.5 * 2**23) rounds P to an integer n, half to even (its low byte is the code), and
-// d = RN(P - n). Where |d| <= 0.5 - 2**-16, RN(xs / s) lies strictly within 0.5 of n, so
-// n is its code; otherwise (about one element in 2**15) the caller divides again. The
-// largest |d| goes into dmax (one FMNMX an element).
-constexpr float SMOOTH_NEAR_HALF = 0.5f - 1.52587890625e-05f;  // 0.5 - 2**-16
+// SmoothQuant's codes rint(RN(xs / s)) for a scale s from the row's own maximum, without
+// Newton corrections. y = RN(1 / s) is within 2**-24 of 1 / s relative, so RN(xs / s) is
+// within 2**-23 (1 + 2**-23) of the exact product xs * y, and lo and hi, y three units in
+// the last place down and up, are at least 3 * 2**-24 from y: RN(xs / s) lies strictly
+// between xs * lo and xs * hi (a subnormal RN(xs / s) rounds to 0 with both). fma(xs,
+// lo / hi, 1.5 * 2**23) rounds each product to an integer, half to even, a monotone map
+// (the low byte is the code): where the two agree, RN(xs / s) rounds to the same. Their
+// difference goes into diff (one LOP3 an element); the caller divides again where it is
+// nonzero: a quotient within |xs / s| * 2**-21 of a half-integer, rare except on one.
 template <int VEC>
-__device__ __forceinline__ CodeVec<CodeInt8, VEC> smooth_codes(const Vec<float, VEC>& v, float y, float& dmax) {
+__device__ __forceinline__ CodeVec<CodeInt8, VEC> smooth_codes(const Vec<float, VEC>& v, float lo, float hi,
+                                                               u32& diff) {
     float m[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-        m[i] = fma_rn(v.v[i], y, RNE_MAGIC);
-        const float d = fma_rn(v.v[i], y, sub_rn(RNE_MAGIC, m[i]));
-        dmax = fmaxf(dmax, fabsf(d));
+        m[i] = fma_rn(v.v[i], hi, RNE_MAGIC);
+        diff |= f2u(m[i]) ^ f2u(fma_rn(v.v[i], lo, RNE_MAGIC));
     }
     return int8_codes_of_magic<VEC>(m);
 }
@@ -423,7 +424,7 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
         if constexpr (TPG <= 32) {
             return lanes_max<TPG>(v);
         } else {
-            const u32 wm = lanes_max<32>(v);
+            const u32 wm = __reduce_max_sync(0xffffffffu, v);  // one REDUX for five shuffles
             if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = wm;
             team_barrier();
             u32 m = 0u;
@@ -507,11 +508,12 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
             plan.nb = u2f(f2u(s) ^ 0x80000000u);
             plan.y = rcp_rn(s);
             i8* qr = q + r * K + lane * VEC;
-            float dmax = 0.0f;
+            const float lo = u2f(f2u(plan.y) - 3u), hi = u2f(f2u(plan.y) + 3u);
+            u32 diff = 0u;
             for_held([&](int j) {
-                store_code_vec<CodeInt8, VEC>(qr + j * TPG * VEC, smooth_codes<VEC>(val[j], plan.y, dmax));
+                store_code_vec<CodeInt8, VEC>(qr + j * TPG * VEC, smooth_codes<VEC>(val[j], lo, hi, diff));
             });
-            if (dmax > SMOOTH_NEAR_HALF) {  // rare: this thread's codes again, divided exactly
+            if (diff != 0u) {  // rare: this thread's codes again, divided exactly
                 for_held([&](int j) {
                     store_code_vec<CodeInt8, VEC>(
                         qr + j * TPG * VEC, quantize_vec_on<PATH_FAST, 2, float, CodeInt8, VEC>(val[j], plan));
