@@ -8,7 +8,7 @@ import numpy as np
 import cupy as cp
 import ml_dtypes
 import cuquant
-from cuquant import _fast, _gpu, _kernels, _symmetric
+from cuquant import _symmetric
 from benchmarks import harness
 
 dirs = {k: pathlib.Path(v).resolve() for k, v in (a.split("=", 1) for a in sys.argv[1:] if "=" in a)}
@@ -26,12 +26,7 @@ def _balanced_plan(key, t, code, rows, k, vec, geom, threads, smem, device):
     return plan
 def use(name):
     _symmetric._smooth_plan = _balanced_plan if name.endswith("bal") else _orig_plan
-    _kernels.source_dir = (lambda d=dirs[name]: d)
-    _kernels.source.cache_clear()
-    _kernels._functions.clear()
-    _symmetric._plans.clear()
-    _gpu._occupancy.clear()
-    _fast.clear()
+    harness.use_sources(dirs[name])
 
 def make(kind, M, K, dt):
     rng = np.random.default_rng(1)
