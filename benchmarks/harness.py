@@ -146,23 +146,31 @@ def to_torch(obj):
     return obj
 
 
+def forget_plans() -> None:
+    """Drop every launch plan and kept replay, so that the next call of each op plans
+    afresh: after a change to a plan table (groupwise.TILES, STAGED) or to the sources."""
+    from cuquant import _fast, _symmetric, groupwise
+
+    _symmetric._plans.clear()
+    groupwise._plans.clear()
+    _fast.clear()  # a kept replay would run the plan it was made with
+
+
 _shipped_sources = None
 
 
 def use_sources(folder=None) -> None:
     """Build kernels from `folder` (a copy of cuda_src) from now on, or from the shipped
     sources again with None: A/B runs of source variants in one process. The loader's
-    caches, the launch plans and the replay table are cleared, so the next call of every
-    op compiles and plans afresh."""
+    caches, the occupancy table and every plan (forget_plans) are cleared, so the next call
+    of every op compiles and plans afresh."""
     global _shipped_sources
-    from cuquant import _fast, _gpu, _kernels, _symmetric, groupwise
+    from cuquant import _gpu, _kernels
 
     if _shipped_sources is None:
         _shipped_sources = _kernels.source_dir
     _kernels.source_dir = _shipped_sources if folder is None else (lambda: folder)
     _kernels.source.cache_clear()
     _kernels._functions.clear()
-    _symmetric._plans.clear()
-    groupwise._plans.clear()
     _gpu._occupancy.clear()
-    _fast.clear()
+    forget_plans()

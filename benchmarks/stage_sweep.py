@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from cuquant import _fast, _registry, groupwise
+from cuquant import _registry, groupwise
 
 from . import harness
 from .__main__ import _bench_dtype
@@ -61,16 +61,14 @@ def main():
             for label, cfg in variants:
                 groupwise.STAGED.update(saved)
                 groupwise.STAGED.update(cfg)
-                groupwise._plans.clear()
-                _fast.clear()  # a kept replay would run the plan it was made with
+                harness.forget_plans()
                 try:
                     ms = timer.time_ms(call, reps=opts.reps)
                     cells.append(f"{label} {moved / (ms * 1e-3) / copy_bw:.3f}")
                 except Exception as e:  # noqa: BLE001 - report and go on
                     cells.append(f"{label} {type(e).__name__}: {e}"[:120])
             groupwise.STAGED.update(saved)
-            groupwise._plans.clear()
-            _fast.clear()
+            harness.forget_plans()
             print(f"{op.name} {json.dumps(variant)} {dtype}: " + " | ".join(cells), flush=True)
             del args, kwargs, out
             cp.get_default_memory_pool().free_all_blocks()

@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from cuquant import _fast, _registry, groupwise
+from cuquant import _registry, groupwise
 
 from . import harness
 from .__main__ import _bench_dtype
@@ -27,8 +27,7 @@ def _configure(units_per_lane: int) -> None:
     groupwise.TILES["on"] = units_per_lane > 0
     if units_per_lane:
         groupwise.TILES["units_per_lane"] = units_per_lane
-    groupwise._plans.clear()
-    _fast.clear()  # a kept replay would run the plan it was made with
+    harness.forget_plans()
 
 
 def _bits(out):
@@ -93,8 +92,7 @@ def main():
                     except Exception as e:  # noqa: BLE001 - report and go on
                         cells[c].append(f"{type(e).__name__}: {e}"[:100])
             groupwise.TILES.update(saved)
-            groupwise._plans.clear()
-            _fast.clear()
+            harness.forget_plans()
             line = " | ".join(("tiles off" if c == 0 else f"tiles k{c}") + " " + "/".join(v)
                               for c, v in cells.items())
             print(f"{op.name} {op.notes.split(';')[0]} {variant} {dtype}: {line}"
