@@ -585,6 +585,31 @@ def test_smooth_quant_near_half_integers(dtype, k, smooth_rows_kernel, monkeypat
     assert picked == [k == 7168]  # FULL where rows fill the team's vectors
 
 
+@pytest.mark.parametrize("k", [7168, 7160])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_smooth_quant_close_maxima(dtype, k, smooth_rows_kernel):
+    """Rows whose largest quotients x / smooth lie within 3 ulps of one value, in about five
+    of 512 columns spread over the row (so over a team's threads and warps), a different
+    five in each row. One product x * RN(1 / smooth) a column does not order them as the
+    exact quotients do: in about 15% of the rows the largest product is not the
+    largest quotient, and in about 1% the exact quotient of the largest product is not
+    either, so the scale shows whether the kernel found the exact maximum."""
+    g = np.random.default_rng(11)
+    rows = 4096
+    t = FLOATS[dtype].numpy
+    cols = g.choice(k, 512, replace=False)
+    near = (g.uniform(1, 2, 512) * g.choice([-1.0, 1.0], 512)).astype(t)  # x in those columns
+    target = np.float32(g.uniform(1, 2))
+    smooth = g.uniform(0.5, 4.0, k).astype(np.float32)
+    smooth[cols] = (np.abs(near.astype(np.float64) / target).astype(np.float32).view(np.uint32)
+                    + g.integers(0, 4, 512).astype(np.uint32)).view(np.float32)
+    x = g.uniform(-0.4, 0.4, (rows, k)) * smooth  # quotients below 0.4
+    x[:, cols] = np.where(g.random((rows, 512)) < 0.01, near.astype(np.float64), near * 0.5)
+    x *= 2.0 ** g.integers(-8, 9, (rows, 1))
+    host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x.astype(t), smooth), {})
+    _compare(None, host, dev, f"smooth_quant close maxima {dtype} K={k}")
+
+
 # ---------------------------------------------------------------------------------------
 # Layouts, families, streams
 
