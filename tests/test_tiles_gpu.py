@@ -16,6 +16,7 @@ import itertools
 import numpy as np
 import pytest
 
+from benchmarks import harness
 from cuquant import _registry
 from test_gpu import _compare_edge_rows, _fresh_group_plans
 
@@ -46,7 +47,7 @@ def _cases():
 def tiles(monkeypatch):
     """The tile kernel on, with fresh launch plans; kernels() lists the tile kernels the
     plans asked for (name expressions)."""
-    from cuquant import _fast, groupwise
+    from cuquant import groupwise
 
     built = _fresh_group_plans(monkeypatch)
     monkeypatch.setitem(groupwise.TILES, "on", True)
@@ -59,8 +60,7 @@ def tiles(monkeypatch):
         @staticmethod
         def run(call):
             """call() planned afresh: (its result, the kernels its plan asked for)."""
-            groupwise._plans.clear()
-            _fast.clear()
+            harness.forget_plans()
             del built[:]
             return call(), list(built)
 
