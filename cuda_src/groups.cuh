@@ -24,6 +24,7 @@
 //                               copy of body a mode (the tile kernel's loops)
 //   F::PREFETCH                 the tile kernel loads a warp's next tile while it encodes
 //                               the one before (for a grid of fewer warps than tiles)
+//   F::TILE_BLOCKS              the tile kernel's blocks a multiprocessor (its registers)
 //
 // Group statistics are the NaN-propagating minimum and maximum, taken with PTX
 // max.NaN / min.NaN (IEEE 754-2019 maximum / minimum: a NaN wins, -0 < +0), on two 16-bit
@@ -763,7 +764,7 @@ __device__ __forceinline__ void reduce_steps(u32 (&w)[K][W], int lane, int& firs
 }
 
 template <class F, typename T, int UPG, int K>
-__global__ void __launch_bounds__(TILE_THREADS, 2)
+__global__ void __launch_bounds__(TILE_THREADS, F::TILE_BLOCKS)
 quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ p0,
                       void* __restrict__ p1, T* __restrict__ deq, const u32* __restrict__ rbits,
                       i64 groups, i64 G, int mode, u32 seed_lo, u32 seed_hi) {

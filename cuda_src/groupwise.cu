@@ -22,6 +22,7 @@ struct DeepSpeed {
     static constexpr bool LOW_FIRST = false, DEQUANT = false;
     // The tile kernel's next tile in flight (quantize_groups_tiles).
     static constexpr bool PREFETCH = true;
+    static constexpr int TILE_BLOCKS = 2;
     struct Params {
         float mult, offset, inv;
         bool careful;   // mult is 0, inf or NaN, or offset is not finite: NaN can arise

@@ -3,13 +3,16 @@
 //
 //   quantize_groups<ZeroPoint<BITS>, T, ...>    codes, scales, zeros and the reconstruction;
 //                                               `mode` picks the rounding (ZpMode);
-//                                               ZeroPoint<BITS, true> only rounds to nearest
+//                                               ZeroPoint<BITS, ZP_NEAREST> only rounds to
+//                                               nearest, ZeroPoint<BITS, ZP_PHILOX> only
+//                                               rounds with seeded words
 //   dequantize_groups<ZeroPointCodes<BITS, TS>, Tout, VEC, UNROLL, WARP_PARAMS>
 #include "groups.cuh"
 
 namespace cq {
 
 enum ZpMode { ZP_NEAREST = 0, ZP_RBITS = 1, ZP_PHILOX = 2 };
+constexpr int ZP_ANY = -1;   // a build that serves every mode
 
 // Philox4x32-10 (Salmon et al., 2011): counter (c0..c3), key (k0, k1). Inlined, so that
 // the round keys come from uniform registers and the counter's zero words fold away: about
@@ -43,15 +46,18 @@ __device__ __forceinline__ Words4 philox_block(u64 c, u32 seed_lo, u32 seed_hi) 
 //
 // With integer bounds, clamp(R(v) + z, 0, Q) equals R(clamp(v, -z, Q - z)) + z for both
 // roundings, and the clamped value is small enough for the 1.5 * 2**23 rounding trick.
-// NEAREST_ONLY builds the format for ZP_NEAREST alone, without the stochastic modes' code
-// (the staged kernels of rounding to nearest: smaller, and faster on an H200).
-template <int B, bool NEAREST_ONLY = false>
+// ONLY builds the format for one mode alone, without the other modes' code: smaller, and
+// faster on an H200 (benchmarks/NOTES.md). ZP_NEAREST serves rounding to nearest's staged
+// and tile kernels, ZP_PHILOX seeded rounding's tile kernel, which then fits 64 registers
+// a thread (four blocks a multiprocessor, against two for the others).
+template <int B, int ONLY = ZP_ANY>
 struct ZeroPoint {
     static constexpr int BITS = B;
     static constexpr bool LOW_FIRST = true, DEQUANT = true;
     static constexpr int QMAX = (1 << B) - 1;
     // The tile kernel takes one tile a warp here (the host's grid), so nothing to prefetch.
     static constexpr bool PREFETCH = false;
+    static constexpr int TILE_BLOCKS = ONLY == ZP_PHILOX ? 4 : 2;
     // What encode reads first, in two 16-byte words: the two-pass kernel keeps a group's
     // Params in shared memory and reads them for every unit.
     struct __align__(16) Params {
@@ -90,14 +96,19 @@ struct ZeroPoint {
         static_cast<T*>(p1)[g] = from_f32<T>(p.z);
     }
 
+    // The mode a call runs: the build's own, or the host's.
+    __device__ static __forceinline__ int mode_of(const QuantArgs& a) {
+        return ONLY == ZP_ANY ? a.mode : ONLY;
+    }
+
     // The random words of the unit at element e.
     template <int VEC>
     __device__ static __forceinline__ void random(u32 (&r)[VEC], i64 e, const QuantArgs& a, const u32* rbits) {
-        if (!NEAREST_ONLY && a.mode == ZP_RBITS) {
+        if (mode_of(a) == ZP_RBITS) {
             const Vec<u32, VEC> w = load_unit<u32, VEC>(rbits + e);
 #pragma unroll
             for (int k = 0; k < VEC; ++k) r[k] = w.v[k];
-        } else if (!NEAREST_ONLY && a.mode == ZP_PHILOX) {
+        } else if (mode_of(a) == ZP_PHILOX) {
             // e is a multiple of VEC: a unit of four elements or fewer lies in one block of
             // words, a longer one spans whole blocks. One block is made for each.
             static_assert(VEC % 4 == 0 || 4 % VEC == 0, "units lie in whole blocks of words");
@@ -123,7 +134,7 @@ struct ZeroPoint {
     // The code in the low BITS bits of the result; d gets f32(q - z) * s.
     // The stochastic variant, compiled apart.
     __device__ static __forceinline__ bool alternate(const QuantArgs& a) {
-        return !NEAREST_ONLY && a.mode != ZP_NEAREST;
+        return mode_of(a) != ZP_NEAREST;
     }
 
     // body(m), m being a with its mode a constant, so that body's tests of it (the random
@@ -131,7 +142,10 @@ struct ZeroPoint {
     template <class Body>
     __device__ static __forceinline__ void with_mode(const QuantArgs& a, Body body) {
         QuantArgs m = a;
-        if (NEAREST_ONLY || a.mode == ZP_NEAREST) {
+        if constexpr (ONLY != ZP_ANY) {
+            m.mode = ONLY;
+            body(m);
+        } else if (a.mode == ZP_NEAREST) {
             m.mode = ZP_NEAREST;
             body(m);
         } else if (a.mode == ZP_RBITS) {

@@ -226,13 +226,15 @@ def quant_tile_expr(fmt: str, t: FloatType, geom) -> str:
 
 
 def quant_specializations(src: str, fmt_of_bits, types, big: bool = True, holds=(2, 4),
-                          two_pass_units: tuple = (), direct: bool = True):
+                          two_pass_units: tuple = (), direct: bool = True, staged: bool = True,
+                          tiled: bool = True):
     """The quantizer's specializations for a format: `holds`, the staged kernel's units a
     thread; `two_pass_units`, the group sizes (in 16-byte units) that take the two-pass
-    staged kernel; `direct`, whether the format serves the kernels that hold groups in
-    registers too, or only the staged ones."""
-    staged = staged_geometries(holds) + tuple(two_pass_geometry(u) for u in two_pass_units)
-    tiles = tuple(tile_geometry(u) for u in TILES["units"])
+    staged kernel; `direct`, `staged` and `tiled`, whether the format serves the kernels
+    that hold groups in registers, the staged kernels and the tile kernel."""
+    staged = (staged_geometries(holds) + tuple(two_pass_geometry(u) for u in two_pass_units)
+              if staged else ())
+    tiles = tuple(tile_geometry(u) for u in TILES["units"]) if tiled else ()
     for t, bits in itertools.product(types, BITS):
         if direct:
             for geom in fast_geometries(big):
@@ -309,28 +311,31 @@ def _quant_plan(src, fmt, t, vec, geom, device):
 
 def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbits=None,
                   big: bool = True, hold: int = 0, two_pass_units: tuple = TWO_PASS_UNITS,
-                  staged_fmt_of_bits=None, persistent_tiles: bool = True):
+                  staged_fmt_of_bits=None, persistent_tiles: bool = True,
+                  tile_fmt_of_bits=None):
     """The launch plan of quantize_groups over the C-contiguous x (n elements, n % g == 0),
     None when x is empty. The fast path needs g to be a multiple of a 16-byte unit and
     16-byte aligned x (and rbits); otherwise units are one byte of codes and a chunk is two
     groups when 4-bit groups are odd. The grid is persistent: at most the blocks that fit on
     the device at once; the tile kernel's too, unless `persistent_tiles` is false (one tile
     a warp). `hold` and `two_pass_units`: the staged kernel's geometry (staged_choice);
-    `staged_fmt_of_bits`: the staged kernel's format, when not the other kernels' one.
+    `staged_fmt_of_bits`: the staged kernel's format, when not the other kernels' one;
+    `tile_fmt_of_bits`: the tile kernel's, when not the staged kernel's.
     What a problem needs is worked out once (`_problem_plan`)."""
     n = x.size
     if n == 0:
         return None
     aligned = (x.data.ptr | (0 if rbits is None else rbits.data.ptr)) % 16 == 0
     # The format functions themselves are in the key: their names are only made on a miss.
-    key = ("quant-problem", src, fmt_of_bits, staged_fmt_of_bits, bits, t.name, n, g,
-           aligned, big, hold, two_pass_units, persistent_tiles, x.data.device_id)
+    key = ("quant-problem", src, fmt_of_bits, staged_fmt_of_bits, tile_fmt_of_bits, bits,
+           t.name, n, g, aligned, big, hold, two_pass_units, persistent_tiles, x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         fmt = fmt_of_bits(bits)
         staged_fmt = fmt if staged_fmt_of_bits is None else staged_fmt_of_bits(bits)
+        tile_fmt = staged_fmt if tile_fmt_of_bits is None else tile_fmt_of_bits(bits)
         plan = _gpu.remember(_plans, key, _problem_plan(
-            src, fmt, staged_fmt, t, bits, n, g, aligned, big, hold, two_pass_units,
+            src, fmt, staged_fmt, tile_fmt, t, bits, n, g, aligned, big, hold, two_pass_units,
             persistent_tiles, x.data.device_id))
     return plan
 
@@ -358,14 +363,14 @@ class QuantizeRun:
         return out
 
 
-def _problem_plan(src, fmt, staged_fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool,
+def _problem_plan(src, fmt, staged_fmt, tile_fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool,
                   big: bool, hold: int, two_pass_units: tuple, persistent_tiles: bool,
                   device: int):
     """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
     vec = t.vector_width
     fast = g % vec == 0 and aligned
     if fast and _tiled(n // vec, g // vec):
-        launch, threads, per_block, resident = _quant_tile_plan(src, staged_fmt, t, g // vec,
+        launch, threads, per_block, resident = _quant_tile_plan(src, tile_fmt, t, g // vec,
                                                                 device)
         groups = n // g
         grid = _gpu.blocks_for(groups, per_block)

@@ -54,16 +54,27 @@ def _zp_format(bits: int) -> str:
 
 def _zp_nearest_format(bits: int) -> str:
     """The format built for rounding to nearest alone (no code of the stochastic modes)."""
-    return f"cq::ZeroPoint<{bits}, true>"
+    return f"cq::ZeroPoint<{bits}, cq::ZP_NEAREST>"
 
 
-# The staged quantizer by mode: its kernels' format, units a thread in one pass, and the
-# group sizes (in 16-byte units) that take the two-pass kernel instead. Measured on an
-# H200 (fp16 16384 x 7168, benchmarks/NOTES.md):
+def _zp_seeded_format(bits: int) -> str:
+    """The format built for seeded stochastic rounding alone (its tile kernel only): the
+    tile kernel then fits four blocks a multiprocessor."""
+    return f"cq::ZeroPoint<{bits}, cq::ZP_PHILOX>"
+
+
+# The staged and tile quantizers by mode: the staged kernels' format, their units a thread
+# in one pass, the group sizes (in 16-byte units) that take the two-pass staged kernel
+# instead, and the tile kernel's format. Measured on an H200 (fp16 16384 x 7168,
+# benchmarks/NOTES.md):
 # - rounding to nearest has kernels of its own: without the stochastic modes' code they
 #   are faster (two passes: 4-bit G=128 0.85 -> 0.865, 8-bit 0.865 -> 0.875, 4-bit G=16
-#   0.79 -> 0.83). The kernels that hold groups in registers (small or unaligned inputs)
-#   serve every mode;
+#   0.79 -> 0.83). So has seeded rounding's tile kernel, which then fits four blocks a
+#   multiprocessor (G=128 4-bit 0.62 -> 0.66, 8-bit 0.70 -> 0.75). Its staged kernels keep
+#   the general format: built for seeded rounding alone, ten of them (8-bit) came out of
+#   ptxas with the uniform-register hazard that benchmarks/sass_audit.py looks for, and
+#   failed the staged GPU tests. The kernels that hold groups in registers (small or
+#   unaligned inputs) serve every mode;
 # - one pass, nearest with 2 units a thread against 4, 0.78 -> 0.82 (4-bit G=128), 0.71 ->
 #   0.80 (4-bit G=64); seeded stochastic rounding loses with 2 (0.457 -> 0.424);
 # - two passes against one gain for nearest from 2 to 32 units (4-bit G=128 0.83 -> 0.85,
@@ -72,9 +83,9 @@ def _zp_nearest_format(bits: int) -> str:
 #   G=16 0.58 -> 0.54, G=64 0.64 -> 0.63). Groups of one unit (G=8) keep one pass in every
 #   mode (nearest 0.82 against 0.65, the caller's words 0.92 against 0.73).
 _ABOVE_ONE_UNIT = tuple(u for u in TWO_PASS_UNITS if u > 1)
-STAGED_BY_MODE = {NEAREST: (_zp_nearest_format, 2, _ABOVE_ONE_UNIT),
-                  RBITS: (_zp_format, 4, _ABOVE_ONE_UNIT),
-                  PHILOX: (_zp_format, 4, (4,))}
+KERNELS_BY_MODE = {NEAREST: (_zp_nearest_format, 2, _ABOVE_ONE_UNIT, _zp_nearest_format),
+                   RBITS: (_zp_format, 4, _ABOVE_ONE_UNIT, _zp_format),
+                   PHILOX: (_zp_format, 4, (4,), _zp_seeded_format)}
 
 
 def _zp_codes(bits: int, ts: FloatType) -> str:
@@ -87,13 +98,14 @@ def _code_type(bits: int):
 
 def specializations():
     """Every (source, name expression) this module can launch."""
-    for fmt in dict.fromkeys(f for f, _, _ in STAGED_BY_MODE.values()):
-        plans = [(hold, units) for f, hold, units in STAGED_BY_MODE.values() if f is fmt]
+    modes = KERNELS_BY_MODE.values()
+    for fmt in dict.fromkeys(f for m in modes for f in (m[0], m[3])):
+        plans = [(hold, units) for f, hold, units, _ in modes if f is fmt]
         yield from quant_specializations(
             SRC, fmt, HALVES.values(), big=False,
             holds=tuple(sorted({hold for hold, _ in plans})),
             two_pass_units=tuple(sorted({u for _, units in plans for u in units})),
-            direct=fmt is _zp_format)
+            direct=fmt is _zp_format, staged=bool(plans), tiled=any(m[3] is fmt for m in modes))
     for bits, ts, out in itertools.product(BITS, HALVES.values(), FLOATS.values()):
         for expr in dequant_kernels(_zp_codes(bits, ts), out, bits, DQ_UNROLL):
             yield SRC, expr
@@ -115,11 +127,11 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
             ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
             ((m, k // g), t.numpy), ((m, k), t.numpy)))
     rb = None if rbits is None else contiguous(rbits)
-    staged_fmt_of_bits, hold, two_pass_units = STAGED_BY_MODE[mode]
+    staged_fmt_of_bits, hold, two_pass_units, tile_fmt_of_bits = KERNELS_BY_MODE[mode]
     # The tile kernel a warp a tile (groupwise.TILES): 0.90 -> 0.955 of copy on an H200.
     plan = quantize_plan(SRC, _zp_format, xc, t, bits, g, rb, big=False, hold=hold,
                          two_pass_units=two_pass_units, staged_fmt_of_bits=staged_fmt_of_bits,
-                         persistent_tiles=False)
+                         persistent_tiles=False, tile_fmt_of_bits=tile_fmt_of_bits)
     if plan is None:
         return outputs.make(), False
     run = QuantizeRun(outputs, plan, mode, seed)

@@ -114,7 +114,9 @@ def _check_formats(tiles, x, bits, g, ft, geom, what, rng):
         want_out = cq.quantize_groupwise_zero_point(x, bits, g, **kw)
         for i, (a, b) in enumerate(zip(got, want_out)):
             assert_same_bits(a, b, f"{what} zero point {mode} output {i}")
-        fmt = f"cq::ZeroPoint<{bits}, true>" if mode == "nearest" else f"cq::ZeroPoint<{bits}>"
+        # Rounding to nearest and seeded rounding have builds of their own.
+        fmt = {"nearest": f"cq::ZeroPoint<{bits}, cq::ZP_NEAREST>", "rbits": f"cq::ZeroPoint<{bits}>",
+               "seed": f"cq::ZeroPoint<{bits}, cq::ZP_PHILOX>"}[mode]
         assert built == [groupwise.quant_tile_expr(fmt, ft, geom)], (what, mode, built)
 
 
