@@ -174,3 +174,28 @@ def use_sources(folder=None) -> None:
     _kernels._functions.clear()
     _gpu._occupancy.clear()
     forget_plans()
+
+
+def time_variants(names, use, call, timer, rounds: int = 3, reps: int = 15):
+    """A/B of variants in one process: use(name) loads one (use_sources, a plan table...),
+    call() runs the op and returns its outputs. The first name's outputs are the reference;
+    each round loads every name in turn, compares its outputs with the reference bit for
+    bit and times the call. Returns ({name: [ms a round]}, sorted 'DIFF name output i'
+    notes)."""
+    names = list(names)
+
+    def words(out):
+        return [o.view(f"u{o.dtype.itemsize}") for o in (out if isinstance(out, tuple) else (out,))]
+
+    use(names[0])
+    want = [w.copy() for w in words(call())]
+    times: dict = {name: [] for name in names}
+    notes = set()
+    for _ in range(rounds):
+        for name in names:
+            use(name)
+            for i, (a, b) in enumerate(zip(words(call()), want)):
+                if a.shape != b.shape or not bool((a == b).all()):
+                    notes.add(f"DIFF {name} output {i}")
+            times[name].append(timer.time_ms(call, reps=reps))
+    return times, sorted(notes)

@@ -20,3 +20,22 @@ def test_use_sources_switches_folders_and_back(tmp_path):
     finally:
         harness.use_sources(None)
     assert _kernels.source("symmetric.cu") == shipped
+
+
+def test_time_variants_compares_with_the_first_and_times_each():
+    import numpy as np
+
+    class Clock:
+        def time_ms(self, fn, reps):
+            fn()
+            return {"a": 1.0, "b": 2.0, "c": 3.0}[current[0]]
+
+    current = ["a"]
+    outputs = {"a": (np.float16([1.0, -0.0]), np.uint8([3])),
+               "b": (np.float16([1.0, 0.0]), np.uint8([3])),    # -0 and +0 differ in bits
+               "c": (np.float16([1.0, -0.0]), np.uint8([3]))}
+    times, notes = harness.time_variants(
+        "abc", lambda name: current.__setitem__(0, name), lambda: outputs[current[0]],
+        Clock(), rounds=2, reps=1)
+    assert times == {"a": [1.0, 1.0], "b": [2.0, 2.0], "c": [3.0, 3.0]}
+    assert notes == ["DIFF b output 0"]
