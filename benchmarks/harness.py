@@ -185,7 +185,8 @@ def time_variants(names, use, call, timer, rounds: int = 3, reps: int = 15):
     names = list(names)
 
     def words(out):
-        return [o.view(f"u{o.dtype.itemsize}") for o in (out if isinstance(out, tuple) else (out,))]
+        outs = out if isinstance(out, tuple) else (out,)
+        return [o.view(f"u{o.dtype.itemsize}") for o in outs]
 
     use(names[0])
     want = [w.copy() for w in words(call())]

@@ -363,9 +363,9 @@ class QuantizeRun:
         return out
 
 
-def _problem_plan(src, fmt, staged_fmt, tile_fmt, t: FloatType, bits: int, n: int, g: int, aligned: bool,
-                  big: bool, hold: int, two_pass_units: tuple, persistent_tiles: bool,
-                  device: int):
+def _problem_plan(src, fmt, staged_fmt, tile_fmt, t: FloatType, bits: int, n: int, g: int,
+                  aligned: bool, big: bool, hold: int, two_pass_units: tuple,
+                  persistent_tiles: bool, device: int):
     """(launch, grid, threads, arguments before the mode and seed, arguments after)."""
     vec = t.vector_width
     fast = g % vec == 0 and aligned

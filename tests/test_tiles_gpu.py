@@ -115,7 +115,8 @@ def _check_formats(tiles, x, bits, g, ft, geom, what, rng):
         for i, (a, b) in enumerate(zip(got, want_out)):
             assert_same_bits(a, b, f"{what} zero point {mode} output {i}")
         # Rounding to nearest and seeded rounding have builds of their own.
-        fmt = {"nearest": f"cq::ZeroPoint<{bits}, cq::ZP_NEAREST>", "rbits": f"cq::ZeroPoint<{bits}>",
+        fmt = {"nearest": f"cq::ZeroPoint<{bits}, cq::ZP_NEAREST>",
+               "rbits": f"cq::ZeroPoint<{bits}>",
                "seed": f"cq::ZeroPoint<{bits}, cq::ZP_PHILOX>"}[mode]
         assert built == [groupwise.quant_tile_expr(fmt, ft, geom)], (what, mode, built)
 
