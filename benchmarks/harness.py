@@ -131,16 +131,16 @@ def bytes_moved(op, args, kwargs, out) -> tuple[int, int]:
 
 
 def to_torch(obj):
-    """CuPy arrays as torch tensors (zero copy); bfloat16 through an int16 view."""
-    import ml_dtypes
+    """CuPy or NumPy arrays, in lists and tuples too, as torch tensors on their device
+    (zero copy, cuquant's own conversion); dtype names as torch dtypes."""
     import torch
+
+    from cuquant._arrays import as_torch
 
     if isinstance(obj, (tuple, list)):
         return type(obj)(to_torch(o) for o in obj)
-    if hasattr(obj, "__cuda_array_interface__"):
-        if obj.dtype == np.dtype(ml_dtypes.bfloat16):
-            return torch.from_dlpack(obj.view(np.int16)).view(torch.bfloat16)
-        return torch.from_dlpack(obj)
+    if isinstance(obj, np.ndarray) or hasattr(obj, "__cuda_array_interface__"):
+        return as_torch(obj)
     if isinstance(obj, str):
         return getattr(torch, obj)
     return obj

@@ -167,9 +167,16 @@ def outcome(like: In, data, fp8: bool = False):
 
 
 def _to_torch(like, data, fp8):
+    return as_torch(data, fp8)
+
+
+def as_torch(data, fp8: bool = False):
+    """A NumPy or CuPy array as a torch tensor on its device, without a copy: bfloat16 and
+    float8_e4m3fn through integer views; `fp8` marks a CuPy uint8 array of fp8 codes.
+    torch must be imported already."""
     torch = sys.modules["torch"]
     dt = data.dtype
-    if like.device == HOST:
+    if isinstance(data, np.ndarray):
         if dt == _BF16:
             return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
         if dt == _FP8:

@@ -161,25 +161,28 @@ def t_fp8_group(x, group_size=128):
     return (xf / s).clamp(-448, 448).to(torch.float8_e4m3fn).view(x.shape), s
 
 
-def _whole_tiles(t):
-    """A 2-D tensor padded with zeros to whole 128 x 128 tiles (the per-block expressions
-    view it as tiles; a zero adds nothing to a tile's amax)."""
+def _tiles(t):
+    """A 2-D tensor as [N/128, 128, K/128, 128] tiles, padded with zeros to whole tiles
+    (a zero adds nothing to a tile's amax)."""
     n, k = t.shape
     if n % 128 or k % 128:
         t = _torch().nn.functional.pad(t, (0, -k % 128, 0, -n % 128))
-    return t
+    return t.view(t.shape[0] // 128, 128, t.shape[1] // 128, 128)
+
+
+def _untiled(tiles, n, k):
+    """Tiles back to the [n, k] tensor they were made from."""
+    nb, _, kb, _ = tiles.shape
+    return tiles.reshape(nb * 128, kb * 128)[:n, :k]
 
 
 def t_fp8_block(w):
     torch = _torch()
-    n, k = w.shape
-    wf = _whole_tiles(w.float())
-    nb, kb = wf.shape[0] // 128, wf.shape[1] // 128
-    wf = wf.view(nb, 128, kb, 128)
+    wf = _tiles(w.float())
     amax = wf.abs().amax(dim=(1, 3), keepdim=True)
     s = torch.where(amax == 0, torch.ones_like(amax), amax / 448)
-    q = (wf / s).clamp(-448, 448).to(torch.float8_e4m3fn).view(nb * 128, kb * 128)
-    return q[:n, :k], s.view(nb, kb)
+    q = (wf / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return _untiled(q, *w.shape), s.view(wf.shape[0], wf.shape[2])
 
 
 def t_dequant_rows(q, s, dtype):
@@ -199,11 +202,8 @@ def t_dequant_int8_block(q, s, dtype, block_size=128):
 
 
 def t_dequant_block(q, s, dtype):
-    n, k = q.shape
-    qf = _whole_tiles(q.float())
-    nb, kb = qf.shape[0] // 128, qf.shape[1] // 128
-    x = (qf.view(nb, 128, kb, 128) * s.view(nb, 1, kb, 1)).to(dtype)
-    return x.view(nb * 128, kb * 128)[:n, :k]
+    qf = _tiles(q.float())
+    return _untiled((qf * s.view(qf.shape[0], 1, qf.shape[2], 1)).to(dtype), *q.shape)
 
 
 def c_int8_rows(x):

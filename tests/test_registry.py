@@ -10,6 +10,7 @@ import pytest
 import cuquant
 from cuquant import _registry
 
+from benchmarks import harness
 from benchmarks.__main__ import _bench_dtype
 
 OPS = _registry.all_ops()
@@ -32,31 +33,14 @@ def test_baselines_accept_the_benchmark_arguments(op):
                 inspect.signature(ref).bind(*args, **kwargs)
 
 
-def _torch_cpu(obj, torch):
-    """NumPy arguments as CPU torch tensors (bfloat16 and float8 through integer views)."""
-    import ml_dtypes
-
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_torch_cpu(o, torch) for o in obj)
-    if isinstance(obj, str):
-        return getattr(torch, obj)
-    if not isinstance(obj, np.ndarray):
-        return obj
-    if obj.dtype == np.dtype(ml_dtypes.bfloat16):
-        return torch.from_numpy(obj.view(np.int16)).view(torch.bfloat16)
-    if obj.dtype == np.dtype(ml_dtypes.float8_e4m3fn):
-        return torch.from_numpy(obj.view(np.uint8)).view(torch.float8_e4m3fn)
-    return torch.from_numpy(obj)
-
-
 @pytest.mark.parametrize("op", [o for o in OPS if o.torch_ref],
                          ids=lambda o: o.name + (f"-{o.notes}" if o.notes else ""))
 def test_torch_baselines_run_at_the_small_benchmark_shapes(op):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")  # CPU tensors of the NumPy arguments
     rng = np.random.default_rng(0)
     shapes = [s for s in op.bench_shapes if s in _registry.SMALL_SHAPES] or list(op.bench_shapes[:1])
     for variant in op.bench_variants:
         for shape in shapes:
             args, kwargs = op.make(np, rng, shape, _bench_dtype(op, ""), **variant)
             with torch.no_grad():
-                op.torch_ref(*_torch_cpu(list(args), torch), **kwargs)
+                op.torch_ref(*harness.to_torch(list(args)), **kwargs)
