@@ -14,14 +14,19 @@ the other side (by a backward liveness pass over the function's control flow) th
 subroutine writes.
 
     python -m benchmarks.sass_audit [--arch sm_90] [--sources zero_point.cu,groupwise.cu]
+                                    [--nvrtc path/to/libnvrtc.so.12]
 
-Needs NVRTC (the cuda12 / cuda13 extra) and `cuobjdump` (on PATH, or the
-nvidia-cuda-cuobjdump wheel); no GPU. Exits 1 when it finds a hazard.
+Needs NVRTC (the cuda12 / cuda13 extra, or any libnvrtc given by --nvrtc, so that every
+compiler version the extras admit can be checked) and `cuobjdump` (on PATH, or the
+nvidia-cuda-cuobjdump wheel); no GPU. Machine code that this cuobjdump cannot list (NVRTC
+12.2's, under CUDA 13's tools) is listed by the `nvdisasm` beside it. Exits 1 when it
+finds a hazard.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import glob
 import os
 import re
@@ -140,22 +145,41 @@ def hazards(instructions: list[tuple[int, str]]) -> list[tuple[int, tuple[int, .
             i += 1
         return None
 
+    preds: list[list[int]] = [[] for _ in ins]
+    for i, nexts in enumerate(succ):
+        for j in nexts:
+            preds[j].append(i)
+
     def per_lane(i: int) -> bool:
-        """Whether branch i's predicate may differ between lanes: its last definition
-        reads a per-lane register or predicate (uniform ones, URn and UPn, never do)."""
+        """Whether branch i's predicate may differ between lanes: a definition of it that
+        reaches the branch (back through the control flow) reads a per-lane register or
+        predicate (uniform ones, URn and UPn, never do) and is not a vote, whose answer
+        every lane that votes gets; or no definition is found."""
         guard = ins[i].guard
         if "UP" in guard:
             return False
         p = re.search(r"P\d", guard).group(0)
-        for k in range(i - 1, max(-1, i - 64), -1):
+        stack, seen = list(preds[i]), set()
+        while stack:
+            k = stack.pop()
+            if k in seen:
+                continue
+            seen.add(k)
             x = ins[k]
             if x.operands and x.operands[0] == p:
-                sources = x.operands[2:] if "SETP" in x.opcode else x.operands[1:]
-                return any(_PER_LANE_REGISTER.fullmatch(o) or re.fullmatch(r"!?P\d", o)
-                           for o in sources)
-            if p in x.operands[1:2] or x.opcode.startswith(("BRA", "EXIT", "CALL", "BSYNC", "RET")):
-                break  # a carry out, or the straight run ends
-        return True  # not known: assume per lane
+                if not x.opcode.startswith("VOTE"):
+                    sources = x.operands[2:] if "SETP" in x.opcode else x.operands[1:]
+                    if any(_PER_LANE_REGISTER.fullmatch(o) or re.fullmatch(r"!?P\d", o)
+                           for o in sources):
+                        return True
+                if not x.guard:
+                    continue  # this path's definition; a guarded one may keep the older
+            elif p in x.operands[1:2]:
+                return True  # a carry out
+            if not preds[k] or len(seen) > 4000:
+                return True  # the entry, or too far: not known, assume per lane
+            stack.extend(preds[k])
+        return not seen
 
     found = set()
     for i, x in enumerate(ins):
@@ -166,6 +190,37 @@ def hazards(instructions: list[tuple[int, str]]) -> list[tuple[int, tuple[int, .
             if target is not None and live[other] & written[target]:
                 found.add((x.address, tuple(sorted(live[other] & written[target]))))
     return sorted(found)
+
+
+_LABEL = re.compile(r"^\s*([.$][\w.$]+):\s*$")
+_ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
+_LABEL_USE = re.compile(r"`\(([.$][\w.$]+)\)")
+
+
+def from_nvdisasm(text: str) -> str:
+    """`nvdisasm -raw` output in cuobjdump's form, for parse_listing: a `Function :` line
+    for each `.text.` section, and branch and call targets as addresses, not labels."""
+    lines = text.splitlines()
+    address, pending = {}, []
+    for line in lines:
+        label = _LABEL.match(line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        at = _ADDRESS.search(line)
+        if at and pending:
+            for name in pending:
+                address.setdefault(name, int(at.group(1), 16))
+            pending = []
+    out = []
+    for line in lines:
+        section = re.match(r"^\.text\.(\S+):$", line)
+        if section:
+            out.append("Function : " + section.group(1))
+            continue
+        out.append(_LABEL_USE.sub(
+            lambda m: hex(address[m.group(1)]) if m.group(1) in address else m.group(0), line))
+    return "\n".join(out)
 
 
 def _cuobjdump() -> str:
@@ -190,40 +245,97 @@ def _whole_elf(image: bytes) -> bytes:
     return image + b"\0" if len(image) == end - 1 else image
 
 
-def cubins(arch: str, sources: list[str] | None = None):
-    """(source, cubin) for every program `_kernels.programs` compiles."""
-    from cupy_backends.cuda.libs import nvrtc
-
+def cubins(arch: str, sources: list[str] | None = None, library: str | None = None):
+    """(source, cubin) for every program `_kernels.programs` compiles; with `library`, a
+    libnvrtc of any version, in programs of 40 name expressions on two threads."""
     from cuquant import _kernels
 
     table = {src: exprs for src, exprs in _kernels.all_specializations().items()
              if not sources or src in sources}
-    for src, _, prog in _kernels.programs(arch, table):
-        yield src, _whole_elf(nvrtc.getCUBIN(prog))
+    if library is None:
+        from cupy_backends.cuda.libs import nvrtc
+
+        for src, _, prog in _kernels.programs(arch, table):
+            yield src, _whole_elf(nvrtc.getCUBIN(prog))
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    # NVRTC opens its builtins library by name: load the one beside it first.
+    for builtins in glob.glob(os.path.join(os.path.dirname(library), "libnvrtc-builtins.so.*")):
+        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(library)
+    options = [o.encode() for o in _kernels.OPTIONS + (
+        "-ftz=true", f"-arch={arch}", "--device-as-default-execution-space")]
+
+    def compile_part(job):
+        src, part = job
+        prog, size = ctypes.c_void_p(), ctypes.c_size_t()
+        lib.nvrtcCreateProgram(ctypes.byref(prog), _kernels.source(src).encode(), src.encode(),
+                               0, None, None)
+        try:
+            for e in part:
+                lib.nvrtcAddNameExpression(prog, e.encode())
+            argv = (ctypes.c_char_p * len(options))(*options)
+            if lib.nvrtcCompileProgram(prog, len(options), argv):
+                lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+                log = ctypes.create_string_buffer(size.value)
+                lib.nvrtcGetProgramLog(prog, log)
+                raise RuntimeError(f"NVRTC failed on {src} for {arch}:\n{log.value.decode()}")
+            lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+            image = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetCUBIN(prog, image)
+            return src, image.raw
+        finally:
+            lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+    jobs = [(src, exprs[i:i + 40])
+            for src, exprs in table.items() for i in range(0, len(exprs), 40)]
+    with ThreadPoolExecutor(2) as pool:
+        yield from pool.map(compile_part, jobs)
+
+
+def nvrtc_version(library: str | None) -> str:
+    if library is None:
+        from cupy_backends.cuda.libs import nvrtc
+
+        return "%d.%d" % nvrtc.getVersion()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    ctypes.CDLL(library).nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
+
+
+def listing_of(tool: str, path: str) -> str:
+    """The machine code of the cubin at `path`, in cuobjdump's form."""
+    out = subprocess.run([tool, "-sass", path], capture_output=True, text=True)
+    if out.returncode == 0 and "Function :" in out.stdout:
+        return out.stdout
+    nvdisasm = os.path.join(os.path.dirname(tool), "nvdisasm")
+    return from_nvdisasm(subprocess.run([nvdisasm, "-raw", path], capture_output=True,
+                                        text=True, check=True).stdout)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sass_audit")
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--sources", default="", help="comma-separated .cu files (default: all)")
+    p.add_argument("--nvrtc", default=None, help="a libnvrtc to compile with (default: CuPy's)")
     opts = p.parse_args()
     tool = _cuobjdump()
     checked = flagged = 0
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
-        for src, cubin in cubins(opts.arch, [s for s in opts.sources.split(",") if s]):
+        for src, cubin in cubins(opts.arch, [s for s in opts.sources.split(",") if s], opts.nvrtc):
             with open(path, "wb") as f:
                 f.write(cubin)
-            listing = subprocess.run([tool, "-sass", path], capture_output=True, text=True,
-                                     check=True).stdout
-            for name, ins in parse_listing(listing).items():
+            for name, ins in parse_listing(listing_of(tool, path)).items():
                 checked += 1
                 found = hazards(ins)
                 if found:
                     flagged += 1
                     print(f"{src} {name}: " + ", ".join(
                         f"branch {a:#x} UR{','.join(map(str, r))}" for a, r in found))
-    print(f"{checked} functions ({opts.arch}), {flagged} with a hazard")
+    print(f"{checked} functions ({opts.arch}, NVRTC {nvrtc_version(opts.nvrtc)}), "
+          f"{flagged} with a hazard")
     return 1 if flagged else 0
 
 

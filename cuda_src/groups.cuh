@@ -414,12 +414,25 @@ __device__ __noinline__ void emit_unit_careful(Vec<T, VEC> xv, ParamsOf<typename
     }
 }
 
+template <class P, int NSUB>
+__device__ __forceinline__ bool any_careful(const P (&prm)[NSUB]) {
+    return NSUB == 2 ? prm[0].careful || prm[NSUB - 1].careful : prm[0].careful;
+}
+
+// Whether any lane of the warp needs the careful arithmetic; every lane of the warp must
+// call it. Its answer, the same in every lane, is what emit_unit_any branches on: a branch
+// that split a warp, with an out-of-line call on one side, would let the call overwrite
+// uniform registers (one a warp) that the other side's lanes still read, and compilers
+// have built such code (benchmarks/NOTES.md, eleventh and twenty-first rounds;
+// benchmarks/sass_audit.py). The careful arithmetic gives every group its bits, so the
+// other units of such a warp take it too.
+__device__ __forceinline__ bool warp_careful(bool mine) { return __any_sync(0xffffffffu, mine); }
+
+// One unit; `careful` comes from warp_careful.
 template <class F, typename T, int VEC, int NSUB, bool WHOLE = false>
 __device__ __forceinline__ void emit_unit_any(const Vec<T, VEC>& xv, const typename F::Params (&prm)[NSUB],
-                                              i64 el, i64 e, const QuantArgs& a, const u32* rbits,
-                                              u8* q, T* deq) {
-    bool careful = prm[0].careful;
-    if constexpr (NSUB == 2) careful = careful || prm[1].careful;
+                                              bool careful, i64 el, i64 e, const QuantArgs& a,
+                                              const u32* rbits, u8* q, T* deq) {
     if (careful) {
         ParamsOf<typename F::Params, NSUB> pp;
 #pragma unroll
@@ -488,13 +501,14 @@ quantize_groups(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ 
             });
             Params prm[NSUB];
             finish_stats<F, T, TPG, NSUB>(acc, prm, a, scratch, groups_per_chunk);
+            const bool careful = warp_careful(len > 0 && any_careful(prm));
             if (len > 0 && lane == 0) {
 #pragma unroll
                 for (int s = 0; s < NSUB; ++s)
                     if (s < groups_per_chunk) F::template store_params<T>(prm[s], cid * groups_per_chunk + s, p0, p1, a);
             }
             for_each_streamed<U, TPG, VEC>(len, lane, load, [&](const Vec<T, VEC>& v, i64 el) {
-                emit_unit_any<F, T, VEC, NSUB>(v, prm, el, off + el, a, rbits, q, deq);
+                emit_unit_any<F, T, VEC, NSUB>(v, prm, careful, el, off + el, a, rbits, q, deq);
             });
         } else {
             Vec<T, VEC> buf[GPI][UPT];
@@ -526,6 +540,7 @@ quantize_groups(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ 
                 }
                 Params prm[NSUB];
                 finish_stats<F, T, TPG, NSUB>(acc, prm, a, scratch, groups_per_chunk);
+                const bool careful = warp_careful(len[u] > 0 && any_careful(prm));
                 const i64 cid = base + (i64)u * SLOTS + slot;
                 if (len[u] > 0 && lane == 0) {
 #pragma unroll
@@ -535,7 +550,7 @@ quantize_groups(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ 
 #pragma unroll
                 for (int j = 0; j < UPT; ++j) {
                     const i64 el = (i64)(lane + j * TPG) * VEC;
-                    if (el < len[u]) emit_unit_any<F, T, VEC, NSUB>(buf[u][j], prm, el, off[u] + el, a, rbits, q, deq);
+                    if (el < len[u]) emit_unit_any<F, T, VEC, NSUB>(buf[u][j], prm, careful, el, off[u] + el, a, rbits, q, deq);
                 }
             }
         }
@@ -595,11 +610,12 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
                     if ((lane + j * TEAM) * VEC < len) acc[0].add_vec(buf[j]);
                 Params prm[1];
                 finish_stats<F, T, TEAM, 1, true>(acc, prm, a, scratch, 1);
+                const bool careful = warp_careful(len > 0 && any_careful(prm));
                 if (len > 0 && lane == 0) F::template store_params<T>(prm[0], g0 + gi, p0, p1, a);
 #pragma unroll
                 for (int j = 0; j < UPT; ++j) {
                     const int el = (lane + j * TEAM) * VEC;
-                    if (el < len) emit_unit_any<F, T, VEC, 1>(buf[j], prm, el, off + el, a, rbits, q, deq);
+                    if (el < len) emit_unit_any<F, T, VEC, 1>(buf[j], prm, careful, el, off + el, a, rbits, q, deq);
                 }
             }
         });
@@ -646,11 +662,14 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
                 }
                 __syncwarp();
                 const int ng = n - b < GPW ? n - b : GPW;
+                bool mine = false;
                 if (wl < ng) {
                     const Params p = F::template prepare<T>(stat_lo[warp][wl], stat_hi[warp][wl], a);
                     prm_of[warp][wl] = p;
                     F::template store_params<T>(p, g0 + b + wl, p0, p1, a);
+                    mine = p.careful;
                 }
+                const bool careful = warp_careful(mine);
                 __syncwarp();
                 // Unit u of the warp's run is element u * VEC of it and belongs to its group
                 // u / UNITS; UNITS divides 32, so a lane's units keep their place in a group.
@@ -671,7 +690,7 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
                         const int u = u0 + k * 32 + wl;
                         if (u < units) {
                             const Params pr[1] = {prm_of[warp][u0 / UNITS + k * (32 / UNITS) + wl / UNITS]};
-                            emit_unit_any<F, T, VEC, 1, true>(v[k], pr, (i64)u * VEC, e0 + (i64)u * VEC, a, rbits, q, deq);
+                            emit_unit_any<F, T, VEC, 1, true>(v[k], pr, careful, (i64)u * VEC, e0 + (i64)u * VEC, a, rbits, q, deq);
                         }
                     }
                 }
@@ -847,6 +866,125 @@ quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restr
 #pragma unroll
             for (int k = 0; k < K; ++k) v[k] = next[k];
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The quantizer for small groups off the fast path (a group not a whole number of 16-byte
+// units, or x not 16-byte aligned): a block takes SMALL_THREADS consecutive groups at a
+// time, one a thread. The 16-byte words that hold their elements are loaded into shared
+// memory, coalesced; each thread reduces, prepares and encodes its group from there, its
+// codes a byte each into shared memory (and its reconstruction over its input); then the
+// block writes the codes out, packed, as whole words of q but at its ends, and the
+// reconstructions. The general kernel (quantize_groups with one byte of codes a unit)
+// reads each group with a team of threads, an element a thread: 0.07-0.20 of copy on an
+// H200 where this one measured 0.39-0.65 (benchmarks/NOTES.md, twenty-first round).
+//
+// Shared memory (the host's small_smem_bytes): the words of a chunk's elements, one more
+// for the chunk's start within its first word, then a byte a code, moved by up to 6 bytes.
+constexpr int SMALL_THREADS = 256;
+
+template <class F, typename T, bool CAREFUL, bool ALT>
+__device__ __forceinline__ void encode_small_group(T* gx, u8* gc, const typename F::Params& p, i64 e,
+                                                   int G, const QuantArgs& a, const u32* rbits) {
+#pragma unroll 4
+    for (int j = 0; j < G; ++j) {
+        u32 rnd[1];
+        F::template random<1>(rnd, e + j, a, rbits);
+        float d;
+        gc[j] = (u8)F::template encode<CAREFUL, ALT, T>(to_f32(gx[j]), p, rnd[0], d);
+        if constexpr (F::DEQUANT) gx[j] = from_f32<T>(d);
+    }
+}
+
+template <class F, typename T>
+__global__ void __launch_bounds__(SMALL_THREADS)
+quantize_groups_small(const T* __restrict__ x, u8* __restrict__ q, void* __restrict__ p0,
+                      void* __restrict__ p1, T* __restrict__ deq, const u32* __restrict__ rbits,
+                      i64 groups, i64 group_size, int mode, u32 seed_lo, u32 seed_hi) {
+    typedef MinMax<T> Acc;
+    typedef typename F::Params Params;
+    constexpr int NG = SMALL_THREADS;
+    extern __shared__ Vec<u32, 4> small_words[];
+    const int G = (int)group_size, t = threadIdx.x;
+    const QuantArgs a{groups, group_size, group_size, mode, seed_lo, seed_hi};
+    // The codes are placed so that those of q's first whole word start a word of shared
+    // memory: a word of q is then one word of 8-bit codes, or two of 4-bit ones.
+    constexpr int CPB = F::BITS == 8 ? 1 : 2;   // codes a byte of q
+    u8* const code_area = reinterpret_cast<u8*>(small_words + (NG * G * (int)sizeof(T) + 31) / 16);
+    for (i64 c = blockIdx.x; c * NG < groups; c += gridDim.x) {
+        const i64 g0 = c * NG, e0 = g0 * G;
+        const int ng = (int)(groups - g0 < NG ? groups - g0 : NG), ne = ng * G;
+        u8* const qo = q + e0 / CPB;   // e0 is even (NG is): a chunk holds whole bytes of q
+        const int nb = ne / CPB, head = (int)((4 - (reinterpret_cast<u64>(qo) & 3)) & 3);
+        u8* const codes = code_area + CPB * ((4 - head) & 3);
+        const u64 start = reinterpret_cast<u64>(x + e0), first = start & ~(u64)15;
+        const int words = (int)((start + (u64)ne * sizeof(T) - first + 15) >> 4);
+        const Vec<u32, 4>* src = reinterpret_cast<const Vec<u32, 4>*>(first);
+#pragma unroll 4
+        for (int i = t; i < words; i += NG) small_words[i] = src[i];
+        T* xs = reinterpret_cast<T*>(reinterpret_cast<u8*>(small_words) + (start - first));
+        __syncthreads();
+        bool mine = false;
+        Params p;
+        if (t < ng) {
+            Acc acc;
+#pragma unroll 4
+            for (int j = 0; j < G; ++j) acc.add(xs[t * G + j]);
+            u32 w[Acc::WORDS];
+            acc.pack(w);
+            float lo, hi;
+            Acc::unpack(w, lo, hi);
+            p = F::template prepare<T>(lo, hi, a);
+            F::template store_params<T>(p, g0 + t, p0, p1, a);
+            mine = p.careful;
+        }
+        // A choice for the whole warp (warp_careful), the mode's loops built apart.
+        const bool careful = warp_careful(mine);
+        if (t < ng) {
+            F::with_mode(a, [&](const QuantArgs& m) {
+                T* gx = xs + t * G;
+                u8* gc = codes + t * G;
+                const i64 e = e0 + (i64)t * G;
+                if (careful) {
+                    if (F::alternate(m)) encode_small_group<F, T, true, true>(gx, gc, p, e, G, m, rbits);
+                    else encode_small_group<F, T, true, false>(gx, gc, p, e, G, m, rbits);
+                } else {
+                    if (F::alternate(m)) encode_small_group<F, T, false, true>(gx, gc, p, e, G, m, rbits);
+                    else encode_small_group<F, T, false, false>(gx, gc, p, e, G, m, rbits);
+                }
+            });
+        }
+        __syncthreads();
+        // The bytes of q before its first whole word, the words, the bytes after.
+        auto byte_of = [&](int i) -> u32 {
+            if constexpr (F::BITS == 8) {
+                return codes[i];
+            } else {
+                const u32 c0 = codes[2 * i] & 0xfu, c1 = codes[2 * i + 1] & 0xfu;
+                return F::LOW_FIRST ? c0 | (c1 << 4) : (c0 << 4) | c1;
+            }
+        };
+        const int lead = head < nb ? head : nb, q_words = (nb - lead) >> 2;
+        if (t < lead) qo[t] = (u8)byte_of(t);
+        u32* const qw = reinterpret_cast<u32*>(qo + lead);
+        for (int w = t; w < q_words; w += NG) {
+            if constexpr (F::BITS == 8) {
+                qw[w] = *reinterpret_cast<const u32*>(codes + lead + 4 * w);
+            } else {
+                const Vec<u32, 2> c8 = *reinterpret_cast<const Vec<u32, 2>*>(codes + 2 * (lead + 4 * w));
+                // Bytes (c0 c1 c2 c3) (c4 c5 c6 c7), codes in their low nibbles: the firsts
+                // of the pairs c0 c2 c4 c6 and the seconds c1 c3 c5 c7, a byte each.
+                const u32 first = prmt(c8.v[0], c8.v[1], 0x6420u) & 0x0f0f0f0fu;
+                const u32 second = prmt(c8.v[0], c8.v[1], 0x7531u) & 0x0f0f0f0fu;
+                qw[w] = F::LOW_FIRST ? first | (second << 4) : (first << 4) | second;
+            }
+        }
+        for (int i = lead + 4 * q_words + t; i < nb; i += NG) qo[i] = (u8)byte_of(i);
+        if constexpr (F::DEQUANT) {
+            for (int i = t; i < ne; i += NG) deq[e0 + i] = xs[i];
+        }
+        __syncthreads();
     }
 }
 

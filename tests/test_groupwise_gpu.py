@@ -103,6 +103,73 @@ def test_groupwise_matches_numpy(shape, g, dtype, rng):
                              what + f" dequantize to {out}")
 
 
+ZP_ROUNDINGS = (("nearest", None), ("stochastic", "rbits"), ("stochastic", "seed"))
+
+
+def _zero_point_inputs(rng, shape, dtype: str, g: int, source, unaligned: bool):
+    """x [M, K] with edge values, and the random words' arguments (rbits=, seed= or none)
+    of the device call and of the host's."""
+    x = edge_values(rng, int(np.prod(shape)), DTYPES[dtype], g).reshape(shape)
+    if source == "rbits":
+        r = rng.integers(0, 1 << 32, size=shape, dtype=np.uint32)
+        return x, {"rbits": dev(r, unaligned)}, {"rbits": r}
+    if source == "seed":
+        seed = {"seed": int(rng.integers(0, 1 << 63))}
+        return x, seed, seed
+    return x, {}, {}
+
+
+# Small groups off the fast path (quantize_groups_small: 256 groups a block, a thread
+# each): more than one block's groups and a last block partly filled, group sizes up to
+# the largest whose block fits 48 KB of shared memory (63 for 16-bit inputs, 38 for
+# float32), odd ones whose 4-bit codes share a byte with the next group's, inputs aligned
+# and not, edge values. Each case checks that the small-group kernel ran.
+SMALL_CASES = [((37, 820), 20), ((5, 300), 1), ((11, 780), 3), ((9, 1020), 6), ((40, 266), 38),
+               ((33, 504), 63), ((300, 64), 32)]
+
+
+def _planned_small(g: int) -> bool:
+    return any(k[0] == "quant-small" and k[4] == g for k in gw._plans)
+
+
+@pytest.mark.parametrize("shape,g,dtype", [
+    pytest.param(shape, g, dtype, id=f"{shape}-g{g}-{dtype}") for (shape, g), dtype
+    in itertools.product(SMALL_CASES, DTYPES)
+    if gw.small_smem_bytes(g, np.dtype(DTYPES[dtype]).itemsize) <= gw.SMALL["smem"]])
+def test_small_groups_match_numpy(shape, g, dtype, rng):
+    t = DTYPES[dtype]
+    n = int(np.prod(shape))
+    fast = g % (16 // np.dtype(t).itemsize) == 0   # whole 16-byte units: aligned, the fast path
+    for bits, sym, unaligned in itertools.product((4, 8), (False, True), (False, True)):
+        if fast and not unaligned:
+            continue
+        x = edge_values(rng, n, t, g).reshape(shape)
+        what = f"{shape} g={g} {dtype} bits={bits} sym={sym} unaligned={unaligned}"
+        gw._plans.clear()
+        _fast.clear()
+        q, p = cq.quantize_groupwise(dev(x, unaligned), bits, sym, g)
+        assert _planned_small(g), what + ": the small-group kernel did not run"
+        qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
+        assert_same_bits(q, qh, what + " codes")
+        assert_same_bits(p, ph, what + " params")
+    if dtype == "float32" or shape[1] % g:
+        return
+    for bits, (rounding, source), unaligned in itertools.product((4, 8), ZP_ROUNDINGS,
+                                                                  (False, True)):
+        if fast and not unaligned:
+            continue
+        x, kw, kwh = _zero_point_inputs(rng, shape, dtype, g, source, unaligned)
+        what = (f"zero point {shape} g={g} {dtype} bits={bits} {rounding} {source} "
+                f"unaligned={unaligned}")
+        gw._plans.clear()
+        _fast.clear()
+        got = cq.quantize_groupwise_zero_point(dev(x, unaligned), bits, g, rounding, **kw)
+        assert _planned_small(g), what + ": the small-group kernel did not run"
+        want = cq.quantize_groupwise_zero_point(x, bits, g, rounding, **kwh)
+        for name, a, b in zip(("codes", "scales", "zeros", "dequant"), got, want):
+            assert_same_bits(a, b, f"{what} {name}")
+
+
 # Groups of 4 or more 16-byte units of output share their parameters within a warp: unit
 # counts that are not a multiple of a warp's 64, groups straddling a warp's run (5, 6, 17,
 # 34 units), groups of exactly 4 units, one warp's run and less.
@@ -207,10 +274,11 @@ def test_groupwise_narrow_groups(dtype, rng):
     """Groups a few ulps wide. For 16-bit inputs the kernels skip the lower clamp of the
     asymmetric codes (groupwise.cu: (x - offset) * mult cannot fall below -2**(BITS-1)
     by more than rounding); float32 inputs keep it, and here they need it: hi + lo rounds
-    by up to hi - lo, and lo's quotient reaches -2**BITS. The staged kernel (1 MB and up)
-    and the register-held one both run."""
+    by up to hi - lo, and lo's quotient reaches -2**BITS. The staged kernel (1 MB and up),
+    the register-held one and the small-group one (G=20) run."""
     t = DTYPES[dtype]
-    for (groups, g), bits, sym in itertools.product(((64, 128), (8192, 128), (1024, 2048)),
+    for (groups, g), bits, sym in itertools.product(((64, 128), (8192, 128), (1024, 2048),
+                                                     (2000, 20)),
                                                     (4, 8), (False, True)):
         x = _narrow_groups(rng, groups, g, t)
         what = f"{dtype} groups={groups} g={g} bits={bits} sym={sym}"
@@ -238,17 +306,9 @@ ZP_CASES = [((4, 256), 128), ((3, 96), 32), ((2, 512), 256), ((3, 12), 3), ((2, 
 @pytest.mark.parametrize("shape,g", ZP_CASES, ids=[f"{s}-g{g}" for s, g in ZP_CASES])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_zero_point_matches_numpy(shape, g, dtype, rng):
-    m, k = shape
-    for bits, (rounding, source), unaligned in itertools.product(
-            (4, 8), (("nearest", None), ("stochastic", "rbits"), ("stochastic", "seed")),
-            (False, True)):
-        x = edge_values(rng, m * k, DTYPES[dtype], g).reshape(shape)
-        kw, kwh = {}, {}
-        if source == "rbits":
-            r = rng.integers(0, 1 << 32, size=shape, dtype=np.uint32)
-            kw, kwh = {"rbits": dev(r, unaligned)}, {"rbits": r}
-        elif source == "seed":
-            kw = kwh = {"seed": int(rng.integers(0, 1 << 63))}
+    for bits, (rounding, source), unaligned in itertools.product((4, 8), ZP_ROUNDINGS,
+                                                                  (False, True)):
+        x, kw, kwh = _zero_point_inputs(rng, shape, dtype, g, source, unaligned)
         what = f"{shape} g={g} {dtype} bits={bits} {rounding} {source} unaligned={unaligned}"
         got = cq.quantize_groupwise_zero_point(dev(x, unaligned), bits, g, rounding, **kw)
         want = cq.quantize_groupwise_zero_point(x, bits, g, rounding, **kwh)
