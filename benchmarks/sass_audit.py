@@ -264,8 +264,7 @@ def cubins(arch: str, sources: list[str] | None = None, library: str | None = No
     for builtins in glob.glob(os.path.join(os.path.dirname(library), "libnvrtc-builtins.so.*")):
         ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(library)
-    options = [o.encode() for o in _kernels.OPTIONS + (
-        "-ftz=true", f"-arch={arch}", "--device-as-default-execution-space")]
+    options = [o.encode() for o in _kernels.nvrtc_options(arch)]
 
     def compile_part(job):
         src, part = job

@@ -420,7 +420,7 @@ __device__ __forceinline__ bool any_careful(const P (&prm)[NSUB]) {
 }
 
 // Whether any lane of the warp needs the careful arithmetic; every lane of the warp must
-// call it. Its answer, the same in every lane, is what emit_unit_any branches on: a branch
+// call it. Its answer, the same in every lane, is what the quantizers branch on: a branch
 // that split a warp, with an out-of-line call on one side, would let the call overwrite
 // uniform registers (one a warp) that the other side's lanes still read, and compilers
 // have built such code (benchmarks/NOTES.md, eleventh and twenty-first rounds;
@@ -837,7 +837,7 @@ quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restr
                 careful = careful || p.careful;
             }
         }
-        careful = __any_sync(0xffffffffu, careful);
+        careful = warp_careful(careful);
         __syncwarp();
         // PREFETCH: the next tile's units, in flight while this one's are encoded.
         Vec<T, VEC> next[F::PREFETCH ? K : 1];

@@ -162,12 +162,8 @@ def outcome(like: In, data, fp8: bool = False):
     if family == "numpy" or family == "cupy":
         return data
     if family == "torch":
-        return _to_torch(like, data, fp8)
+        return as_torch(data, fp8)
     return _to_jax(like, data, fp8)
-
-
-def _to_torch(like, data, fp8):
-    return as_torch(data, fp8)
 
 
 def as_torch(data, fp8: bool = False):

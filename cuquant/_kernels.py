@@ -101,13 +101,18 @@ def all_specializations() -> dict[str, list[str]]:
     return table
 
 
+def nvrtc_options(arch: str) -> tuple[str, ...]:
+    """The options CuPy's RawModule compiles OPTIONS with, for `arch` (e.g. "sm_90")."""
+    return OPTIONS + ("-ftz=true", f"-arch={arch}", "--device-as-default-execution-space")
+
+
 def _compiled(src: str, part: list[str], arch: str):
     """An NVRTC program of `part`'s name expressions in cuda_src/<src>, compiled for `arch`
     with the options CuPy uses; the caller destroys it. Raises RuntimeError with NVRTC's
     log when the compile fails."""
     from cupy_backends.cuda.libs import nvrtc
 
-    options = OPTIONS + ("-ftz=true", f"-arch={arch}", "--device-as-default-execution-space")
+    options = nvrtc_options(arch)
     prog = nvrtc.createProgram(source(src), src, [], [])
     try:
         for e in part:
