@@ -19,7 +19,9 @@
 //                               statistics or multipliers); ALT is the format's second
 //                               variant (symmetric, stochastic), chosen once a launch by
 //                               F::alternate(args)
-//   F::random                   the random words of a unit (stochastic rounding)
+//   F::random<VEC, ALIGNED>     the random words of a unit (stochastic rounding); ALIGNED:
+//                               the caller's words at the unit are 16-byte aligned
+//   F::ALT_RANDOM               whether the second variant uses random words
 //   F::with_mode(args, body)    body(args) with the run-time mode made a constant, one
 //                               copy of body a mode (the tile kernel's loops)
 //   F::PREFETCH                 the tile kernel loads a warp's next tile while it encodes
@@ -884,16 +886,41 @@ quantize_groups_tiles(const T* __restrict__ x, u8* __restrict__ q, void* __restr
 // for the chunk's start within its first word, then a byte a code, moved by up to 6 bytes.
 constexpr int SMALL_THREADS = 256;
 
+// With random words, the elements from a multiple of four on go four at a time, so that
+// seeded rounding makes one block of four words for four elements, not one for each (G=20
+// on an H200: 0.24 -> 0.44 of copy). Without, one loop: the three cost DeepSpeed's
+// symmetric G=63 0.43 -> 0.37 (benchmarks/NOTES.md, twenty-second round).
 template <class F, typename T, bool CAREFUL, bool ALT>
 __device__ __forceinline__ void encode_small_group(T* gx, u8* gc, const typename F::Params& p, i64 e,
                                                    int G, const QuantArgs& a, const u32* rbits) {
-#pragma unroll 4
-    for (int j = 0; j < G; ++j) {
-        u32 rnd[1];
-        F::template random<1>(rnd, e + j, a, rbits);
+    auto one = [&](int j, u32 rnd) {
         float d;
-        gc[j] = (u8)F::template encode<CAREFUL, ALT, T>(to_f32(gx[j]), p, rnd[0], d);
+        gc[j] = (u8)F::template encode<CAREFUL, ALT, T>(to_f32(gx[j]), p, rnd, d);
         if constexpr (F::DEQUANT) gx[j] = from_f32<T>(d);
+    };
+    if constexpr (!(ALT && F::ALT_RANDOM)) {
+#pragma unroll 4
+        for (int j = 0; j < G; ++j) one(j, 0u);
+    } else {
+        const int to4 = (int)((4 - (e & 3)) & 3), lead = to4 < G ? to4 : G;
+        const int body = lead + ((G - lead) & ~3);
+        int j = 0;
+        for (; j < lead; ++j) {
+            u32 rnd[1];
+            F::template random<1>(rnd, e + j, a, rbits);
+            one(j, rnd[0]);
+        }
+        for (; j < body; j += 4) {
+            u32 rnd[4];
+            F::template random<4, false>(rnd, e + j, a, rbits);   // rbits may be unaligned here
+#pragma unroll
+            for (int k = 0; k < 4; ++k) one(j + k, rnd[k]);
+        }
+        for (; j < G; ++j) {
+            u32 rnd[1];
+            F::template random<1>(rnd, e + j, a, rbits);
+            one(j, rnd[0]);
+        }
     }
 }
 
@@ -994,6 +1021,7 @@ quantize_groups_small(const T* __restrict__ x, u8* __restrict__ q, void* __restr
 // makes the float32 result. On the fast path a unit is 16 bytes of output (VEC = 8 for
 // 16-bit types, 4 for float32) and lies in one group: g = unit / (G / VEC); on the general
 // path (VEC = 1, or 2 for 4-bit codes) each element finds its own group: g = e / G.
+// dequantize_groups_spanning (below) keeps 16-byte units where G is not a multiple of VEC.
 // D::lane_param(g, second, p0, p1) and D::from_lanes(w, j) share a warp's parameters
 // (dequant_warp_units).
 
@@ -1085,6 +1113,70 @@ dequantize_groups(const u8* __restrict__ q, const void* __restrict__ p0, const v
         const i64 step = (i64)gridDim.x * DQ_THREADS;
         for (i64 u = (i64)blockIdx.x * DQ_THREADS + threadIdx.x; u < n_units; u += step * UNROLL)
             dequant_units<D, Tout, VEC, UNROLL>(q, p0, p1, out, u, step, n_units, div);
+    }
+}
+
+
+// Groups that are not whole 16-byte units of output (G % VEC != 0), with the codes and
+// parameters aligned: the units stay 16 bytes of output, with one load of their codes, and
+// each element takes its own group's parameters. NP = 2 where a unit spans two groups at
+// most (G >= VEC), NP = VEC where it may span one group an element (G < VEC). The general
+// path (a byte of codes a unit, a thread each) measured 0.33-0.57 of copy on an H200 at
+// G = 6, 20 and 63 (benchmarks/NOTES.md, twenty-second round). The last n % VEC elements
+// are the general path's units, taken by the grid's first thread.
+template <class D, typename Tout, int VEC, int NP, int UNROLL>
+__global__ void __launch_bounds__(DQ_THREADS)
+dequantize_groups_spanning(const u8* __restrict__ q, const void* __restrict__ p0, const void* __restrict__ p1,
+                           Tout* __restrict__ out, i64 n, i64 g, u32 magic, u32 shift) {
+    static_assert(VEC * sizeof(Tout) == 16 && (NP == 2 || NP == VEC), "16-byte units, two groups or VEC");
+    constexpr int GV = D::BITS == 4 ? 2 : 1;   // the general path's unit: a byte of codes
+    const FastDiv div{g, magic, shift};
+    const i64 n_units = n / VEC;
+    if (blockIdx.x == 0 && threadIdx.x == 0 && n_units * VEC < n)
+        dequant_units<D, Tout, GV, VEC / GV>(q, p0, p1, out, n_units * (VEC / GV), 1, n / GV, div);
+    const i64 step = (i64)gridDim.x * DQ_THREADS;
+    for (i64 u = (i64)blockIdx.x * DQ_THREADS + threadIdx.x; u < n_units; u += step * UNROLL) {
+        CodeUnit<D::BITS, VEC> c[UNROLL];
+        typename D::Params prm[UNROLL][NP];
+        int split[UNROLL];   // NP == 2: the unit's first element of its second group, or VEC
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            const i64 uk = u + k * step;
+            if (uk < n_units) {
+                c[k].load(q, uk * VEC);
+                const i64 g0 = div.div(uk * VEC), r0 = uk * VEC - g0 * g;
+                if constexpr (NP == 2) {
+                    split[k] = g - r0 < VEC ? (int)(g - r0) : VEC;
+                    prm[k][0] = D::load(g0, p0, p1);
+                    // The next group where the unit reaches it, else this one again.
+                    prm[k][1] = D::load(split[k] < VEC ? g0 + 1 : g0, p0, p1);
+                } else {
+                    i64 gj = g0, rj = r0;
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                        prm[k][j] = D::load(gj, p0, p1);
+                        if (++rj == g) {
+                            rj = 0;
+                            ++gj;
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            const i64 uk = u + k * step;
+            if (uk < n_units) {
+                float f[VEC];
+                c[k].template decode<D::SIGNED, D::LOW_FIRST>(f);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                    const typename D::Params pj = NP == VEC ? prm[k][j % NP] : j >= split[k] ? prm[k][1] : prm[k][0];
+                    f[j] = D::value(f[j], pj);
+                }
+                store_unit<Tout, VEC>(out + uk * VEC, convert_vec<Tout, VEC>(f));
+            }
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //   quantize_groups<DeepSpeed<BITS>, T, ...>    codes and params [groups, 1 or 2]; the
 //                                               symmetry is the run-time `mode` (1 = sym)
 //   dequantize_groups<DeepSpeedCodes<BITS, SYM>, Tout, VEC, UNROLL, WARP_PARAMS>
+//   dequantize_groups_spanning<DeepSpeedCodes<BITS, SYM>, Tout, VEC, NP, UNROLL>
 //   dequantize_batched<Tout>                    a table of tensors, each its own bits,
 //                                               symmetry, group size and path
 #include "groups.cuh"
@@ -19,7 +20,7 @@ namespace cq {
 template <int B>
 struct DeepSpeed {
     static constexpr int BITS = B;
-    static constexpr bool LOW_FIRST = false, DEQUANT = false;
+    static constexpr bool LOW_FIRST = false, DEQUANT = false, ALT_RANDOM = false;
     // The tile kernel's next tile in flight (quantize_groups_tiles).
     static constexpr bool PREFETCH = true;
     static constexpr int TILE_BLOCKS = 2;
@@ -60,7 +61,7 @@ struct DeepSpeed {
         }
     }
 
-    template <int VEC>
+    template <int VEC, bool ALIGNED = true>
     __device__ static __forceinline__ void random(u32 (&r)[VEC], i64, const QuantArgs&, const u32*) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) r[k] = 0u;

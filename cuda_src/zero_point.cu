@@ -7,6 +7,7 @@
 //                                               nearest, ZeroPoint<BITS, ZP_PHILOX> only
 //                                               rounds with seeded words
 //   dequantize_groups<ZeroPointCodes<BITS, TS>, Tout, VEC, UNROLL, WARP_PARAMS>
+//   dequantize_groups_spanning<ZeroPointCodes<BITS, TS>, Tout, VEC, NP, UNROLL>
 #include "groups.cuh"
 
 namespace cq {
@@ -53,7 +54,7 @@ __device__ __forceinline__ Words4 philox_block(u64 c, u32 seed_lo, u32 seed_hi) 
 template <int B, int ONLY = ZP_ANY>
 struct ZeroPoint {
     static constexpr int BITS = B;
-    static constexpr bool LOW_FIRST = true, DEQUANT = true;
+    static constexpr bool LOW_FIRST = true, DEQUANT = true, ALT_RANDOM = true;
     static constexpr int QMAX = (1 << B) - 1;
     // The tile kernel takes one tile a warp here (the host's grid), so nothing to prefetch.
     static constexpr bool PREFETCH = false;
@@ -102,12 +103,17 @@ struct ZeroPoint {
     }
 
     // The random words of the unit at element e.
-    template <int VEC>
+    template <int VEC, bool ALIGNED = true>
     __device__ static __forceinline__ void random(u32 (&r)[VEC], i64 e, const QuantArgs& a, const u32* rbits) {
         if (mode_of(a) == ZP_RBITS) {
-            const Vec<u32, VEC> w = load_unit<u32, VEC>(rbits + e);
+            if constexpr (ALIGNED) {
+                const Vec<u32, VEC> w = load_unit<u32, VEC>(rbits + e);
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) r[k] = w.v[k];
+                for (int k = 0; k < VEC; ++k) r[k] = w.v[k];
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) r[k] = rbits[e + k];
+            }
         } else if (mode_of(a) == ZP_PHILOX) {
             // e is a multiple of VEC: a unit of four elements or fewer lies in one block of
             // words, a longer one spans whole blocks. One block is made for each.

@@ -291,11 +291,23 @@ def dequant_kernel(codes: str, out: FloatType, vec: int, d: int, unroll: int) ->
     return dequant_expr(codes, out, vec, unroll, False), unroll
 
 
+def dequant_spanning_expr(codes: str, out: FloatType, g: int, unroll: int) -> str:
+    """The dequantizer of 16-byte units of output that may span groups (g not a multiple
+    of the unit): each element its own group's parameters, of two groups at most a unit
+    where g holds a unit, else of one group an element."""
+    vec = out.vector_width
+    return (f"cq::dequantize_groups_spanning<{codes}, {out.cxx}, {vec}, "
+            f"{2 if g >= vec else vec}, {unroll}>")
+
+
 def dequant_kernels(codes: str, out: FloatType, bits: int, unroll: int):
-    """Every specialization `dequant_kernel` can pick for one format and output type."""
+    """Every specialization `dequant_kernel` and `dequant_spanning_expr` can pick for one
+    format and output type."""
     for vec, d in ((out.vector_width, WARP_MIN_UNITS), (out.vector_width, 1),
                    (general_vec(bits), 1)):
         yield dequant_kernel(codes, out, vec, d, unroll)[0]
+    for g in (1, out.vector_width + 1):
+        yield dequant_spanning_expr(codes, out, g, unroll)
 
 
 def batched_expr(out: FloatType) -> str:
@@ -492,13 +504,24 @@ WARP_MIN_UNITS = 4
 WARP_ROUNDS = 2
 
 
+# Groups that are not whole 16-byte units of output keep units of 16 bytes
+# (dequantize_groups_spanning) where the codes and parameters are aligned; tests switch it
+# off to reach the general path.
+SPANNING = {"on": True}
+
+
+def _units_aligned(bits: int, out: FloatType, q, params) -> bool:
+    """Codes aligned to their bytes of a 16-byte unit of output, parameters to 8 bytes."""
+    return (q.data.ptr % (out.vector_width * bits // 8) == 0
+            and all(p.data.ptr % 8 == 0 for p in params))
+
+
 def dequant_units(n: int, g: int, bits: int, out: FloatType, q, *params):
     """(vec, units, divisor) of a dequantization: the fast path (16 bytes of output a unit)
     wants g a multiple of the unit, codes aligned to their bytes of a unit and 8-byte
     aligned parameters."""
     vec = out.vector_width
-    if (g % vec == 0 and q.data.ptr % (vec * bits // 8) == 0
-            and all(p.data.ptr % 8 == 0 for p in params)):
+    if g % vec == 0 and _units_aligned(bits, out, q, params):
         return vec, n // vec, g // vec
     vec = general_vec(bits)
     return vec, n // vec, g
@@ -513,12 +536,20 @@ def dequantize_plan(src: str, codes: str, out: FloatType, bits: int, g: int, n: 
            p1 is not None or pp % 8 == 0, unroll, q.data.device_id)
     plan = _plans.get(key)
     if plan is None:
-        vec, units, d = dequant_units(n, g, bits, out, q, *([p0] if p1 is None else []))
-        expr, unroll = dequant_kernel(codes, out, vec, d, unroll)
+        params = [p0] if p1 is None else []
+        vec, units, d = dequant_units(n, g, bits, out, q, *params)
+        if (vec != out.vector_width and SPANNING["on"]
+                and _units_aligned(bits, out, q, params)):
+            # It takes the element count (its whole units, then the elements after them).
+            expr = dequant_spanning_expr(codes, out, g, unroll)
+            units, count, d = n // out.vector_width, n, g
+        else:
+            expr, unroll = dequant_kernel(codes, out, vec, d, unroll)
+            count = units
         fn = _kernels.function(src, expr, q.data.device_id)
-        grid = min(-(-units // (DQ_THREADS * unroll)), 1 << 20)
+        grid = _gpu.blocks_for(units, DQ_THREADS * unroll)
         plan = _gpu.remember(_plans, key, (_gpu.Launch(fn, 8), grid,
-                                           (units, d) + tuple(_gpu.fastdiv(d))))
+                                           (count, d) + tuple(_gpu.fastdiv(d))))
     return plan
 
 

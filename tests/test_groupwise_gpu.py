@@ -170,6 +170,24 @@ def test_small_groups_match_numpy(shape, g, dtype, rng):
             assert_same_bits(a, b, f"{what} {name}")
 
 
+def _check_dequantizers(rng, cases):
+    """Every group-wise dequantizer (DeepSpeed's four, the zero point's two) of codes from
+    edge values, to every output dtype, against the host's, bit for bit: for each case
+    ((shape, group size)) and output, six calls in that order."""
+    for (shape, g), out in itertools.product(cases, OUTS):
+        x = edge_values(rng, int(np.prod(shape)), np.float16, g).reshape(shape)
+        for bits, sym in itertools.product((4, 8), (False, True)):
+            qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
+            y = cq.dequantize_groupwise(dev(qh), dev(ph), bits, sym, g, out)
+            assert_same_bits(y, _numpy.dequantize_groupwise(qh, ph, bits, sym, g, out),
+                             f"{shape} g={g} bits={bits} sym={sym} to {out}")
+        for bits in (4, 8):
+            qh, sh, zh, _ = cq.quantize_groupwise_zero_point(x, bits, g)
+            y = cq.dequantize_groupwise_zero_point(dev(qh), dev(sh), dev(zh), g, out)
+            assert_same_bits(y, cq.dequantize_groupwise_zero_point(qh, sh, zh, g, out),
+                             f"{shape} g={g} zero point bits={bits} to {out}")
+
+
 # Groups of 4 or more 16-byte units of output share their parameters within a warp: unit
 # counts that are not a multiple of a warp's 64, groups straddling a warp's run (5, 6, 17,
 # 34 units), groups of exactly 4 units, one warp's run and less.
@@ -189,24 +207,43 @@ def test_dequantizers_sharing_a_warps_parameters(rng, monkeypatch):
     monkeypatch.setattr(gw, "dequant_kernel", spy)
     monkeypatch.setattr(gw, "_plans", {})
     _fast.clear()
-    for (shape, g), out in itertools.product(WARP_CASES, OUTS):
-        n = int(np.prod(shape))
-        x = edge_values(rng, n, np.float16, g).reshape(shape)
-        for bits, sym in itertools.product((4, 8), (False, True)):
-            qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
-            y = cq.dequantize_groupwise(dev(qh), dev(ph), bits, sym, g, out)
-            assert_same_bits(y, _numpy.dequantize_groupwise(qh, ph, bits, sym, g, out),
-                             f"{shape} g={g} bits={bits} sym={sym} to {out}")
-        for bits in (4, 8):
-            qh, sh, zh, _ = cq.quantize_groupwise_zero_point(x, bits, g)
-            y = cq.dequantize_groupwise_zero_point(dev(qh), dev(sh), dev(zh), g, out)
-            assert_same_bits(y, cq.dequantize_groupwise_zero_point(qh, sh, zh, g, out),
-                             f"{shape} g={g} zero point bits={bits} to {out}")
+    _check_dequantizers(rng, WARP_CASES)
     # Every call planned its launch, each with the kernel its groups call for.
     assert len(picked) == len(WARP_CASES) * len(OUTS) * 6
     for warp, out, d in picked:
         assert warp == (d >= gw.WARP_MIN_UNITS), (out, d)
     assert sum(w for w, _, _ in picked) > len(picked) // 2
+
+
+# Groups that are not whole 16-byte units of output, aligned codes: 16-byte units that span
+# two groups (G >= the unit) or up to one group an element (G below it), units over many
+# blocks, the elements after the last whole unit (n % 8, n below one unit), edge values.
+# Each case checks that the spanning kernel ran; with it off, the general path gives the
+# same bits.
+SPANNING_CASES = [((37, 820), 20), ((5, 300), 1), ((11, 780), 3), ((9, 1020), 6),
+                  ((33, 504), 63), ((3, 1026), 513), ((7, 700), 100), ((1, 6), 3),
+                  ((3, 10), 5), ((2, 4100), 4100), ((64, 7180), 20)]
+
+
+@pytest.mark.parametrize("spanning", [True, False])
+def test_dequantizers_spanning_groups(spanning, rng, monkeypatch):
+    picked = []
+    real = gw.dequant_spanning_expr
+
+    def spy(codes, out, g, unroll):
+        picked.append((out.name, g))
+        return real(codes, out, g, unroll)
+
+    monkeypatch.setattr(gw, "dequant_spanning_expr", spy)
+    monkeypatch.setitem(gw.SPANNING, "on", spanning)
+    monkeypatch.setattr(gw, "_plans", {})
+    _fast.clear()
+    _check_dequantizers(rng, SPANNING_CASES)
+    # Six calls (four DeepSpeed, two zero point) for each case and output whose groups are
+    # not whole units of that output.
+    assert picked == [(out, g) for (_, g), out in itertools.product(SPANNING_CASES, OUTS)
+                      if spanning and g % (16 // np.dtype(DTYPES[out]).itemsize)
+                      for _ in range(6)]
 
 
 @pytest.mark.parametrize("g", [32, 128, 6])
