@@ -65,7 +65,9 @@ if which == "unroll":
     dq_names = ["new-u1", "new-u2", "new-u4"]
 if which == "split":
     dq_names = ["new", "split"]
-if which in ("all", "dq", "unroll", "split"):
+if which == "refactor":
+    dq_names = ["split", "b2"]
+if which in ("all", "dq", "unroll", "split", "refactor"):
     for g, k, bits, sym, out in ((20, 7180, 8, False, "float16"), (20, 7180, 4, False, "float16"),
                                  (6, 7170, 8, True, "float16"), (63, 7182, 4, False, "float16"),
                                  (100, 7200, 8, False, "float16"), (1, 7168, 8, True, "float16"),
