@@ -1116,7 +1116,6 @@ dequantize_groups(const u8* __restrict__ q, const void* __restrict__ p0, const v
     }
 }
 
-
 // Groups that are not whole 16-byte units of output (G % VEC != 0), with the codes and
 // parameters aligned: the units stay 16 bytes of output, with one load of their codes, and
 // each element takes its own group's parameters. NP = 2 where a unit spans two groups at
