@@ -492,8 +492,8 @@ def _quant_staged_plan(src, fmt, t, g, hold, two_pass_units, device):
 
 
 # Units a dequantizing thread has in flight where each unit loads its own parameters
-# (measured fastest on an H200: 2 against 4 and 1 for this format; also the batched
-# kernel's BATCH_UNROLL in groupwise.cu).
+# (measured fastest on an H200: 2 against 4 and 1 for this format, in the spanning kernel
+# too; also the batched kernel's BATCH_UNROLL in groupwise.cu).
 DQ_UNROLL = 2
 BATCH_ROUNDS = 8  # rounds of DQ_UNROLL units a thread of the batched kernel (groupwise.cu)
 DQ_THREADS = 256

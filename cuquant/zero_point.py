@@ -40,9 +40,10 @@ ROUNDINGS = ("nearest", "stochastic")
 NEAREST, RBITS, PHILOX = 0, 1, 2   # ZpMode in cuda_src/zero_point.cu
 
 # Units a dequantizing thread has in flight where each unit loads its own parameters (groups
-# of fewer than groupwise.WARP_MIN_UNITS units, and the general path): one, measured fastest
-# on an H200 for this format (its two 16-bit parameter loads a unit; 0.84 / 0.91 of copy
-# against 0.77 / 0.81 with four, at G=128 before groups shared their parameters).
+# of fewer than groupwise.WARP_MIN_UNITS units, the general path and the spanning kernel):
+# one, measured fastest on an H200 for this format (its two 16-bit parameter loads a unit;
+# 0.84 / 0.91 of copy against 0.77 / 0.81 with four, at G=128 before groups shared their
+# parameters; spanning groups of 20: 0.62-0.73 against 0.57-0.67 with two).
 DQ_UNROLL = 1
 
 __all__ = ["quantize_groupwise_zero_point", "dequantize_groupwise_zero_point", "random_bits"]
