@@ -47,10 +47,17 @@ __device__ __forceinline__ Words4 philox_block(u64 c, u32 seed_lo, u32 seed_hi) 
 //
 // With integer bounds, clamp(R(v) + z, 0, Q) equals R(clamp(v, -z, Q - z)) + z for both
 // roundings, and the clamped value is small enough for the 1.5 * 2**23 rounding trick.
+// The stochastic modes work on v * 2**24 (the reciprocal and the bounds scaled, exact), so
+// that the fraction compared with the 24 random bits comes out scaled, and 1.5 * 2**47 (an
+// ulp of 2**24) rounds. The reconstruction is one fma: q - z = r - M for the rounded r (M
+// the trick's constant), and M * s is exact for a 16-bit s, so fma(r, s, -M * s) rounds
+// (q - z) * s once.
 // ONLY builds the format for one mode alone, without the other modes' code: smaller, and
 // faster on an H200 (benchmarks/NOTES.md). ZP_NEAREST serves rounding to nearest's staged
 // and tile kernels, ZP_PHILOX seeded rounding's tile kernel, which then fits 64 registers
-// a thread (four blocks a multiprocessor, against two for the others).
+// a thread (four blocks a multiprocessor, against two for the others). ZP_PHILOX also takes
+// the high word of every Philox counter as 0, so it serves tensors of at most 2**34
+// elements (the host gives larger ones the general build).
 template <int B, int ONLY = ZP_ANY>
 struct ZeroPoint {
     static constexpr int BITS = B;
@@ -62,39 +69,52 @@ struct ZeroPoint {
     // What encode reads first, in two 16-byte words: the two-pass kernel keeps a group's
     // Params in shared memory and reads them for every unit.
     struct __align__(16) Params {
-        float nb, y;    // -s and RN(1/s), x / s on the fast path
-        float s, lo_b, hi_b;
+        float nb, y;      // -s and RN(1/s), x / s on the fast path (times 2**24 if STOCH)
+        float sd, ms;     // s (times 2**-24 if STOCH) and -M * s: the reconstruction's fma
+        float lo_b, hi_b; // -z and Q - z, the clamp (times 2**24 if STOCH)
         u32 zi;
-        float z;
-        bool careful;   // s is inf or NaN, or x / s needs div.rn (see prepare)
+        bool careful;     // s is inf or NaN, or x / s needs div.rn (see prepare)
     };
+    static constexpr float SCALE = 16777216.0f;   // 2**24, the stochastic modes' scale
+    __device__ static __forceinline__ float unscale() { return u2f(0x33800000u); }   // 2**-24
+    __device__ static __forceinline__ float magic(bool stoch) { return stoch ? u2f(0x57400000u) : RNE_MAGIC; }
 
     template <typename T>
-    __device__ static __forceinline__ Params prepare(float lo, float hi, const QuantArgs&) {
+    __device__ static __forceinline__ Params prepare(float lo, float hi, const QuantArgs& a) {
         Params p;
         const float range = fmax_nan(sub_rn(hi, lo), u2f(0x3727C5ACu));   // f32(1e-5)
-        p.s = to_f32(from_f32<T>(div_rn(range, (float)QMAX)));
-        const float zq = div_rn(fneg(lo), p.s);
+        const float s = to_f32(from_f32<T>(div_rn(range, (float)QMAX)));
+        const float zq = div_rn(fneg(lo), s);
         p.zi = is_nan(zq) ? 0u : f2u(add_rn(fclamp(zq, 0.0f, (float)QMAX), RNE_MAGIC)) - RNE_MAGIC_BITS;
-        p.z = (float)p.zi;
-        p.lo_b = fneg(p.z);
-        p.hi_b = (float)(QMAX - (int)p.zi);
-        const DivPlan plan = plan_division(p.s);
-        p.nb = plan.nb;
-        p.y = plan.y;
+        const bool stoch = mode_of(a) != ZP_NEAREST;
+        const float k = stoch ? SCALE : 1.0f, ik = stoch ? unscale() : 1.0f;
+        p.lo_b = mul_rn(fneg((float)p.zi), k);
+        p.hi_b = mul_rn((float)(QMAX - (int)p.zi), k);
+        const DivPlan plan = plan_division(s);
+        // s is 0 or at least 2**-25 here, so the scaled divisor s * 2**-24 stays normal.
+        p.nb = mul_rn(plan.nb, ik);
+        p.y = mul_rn(plan.y, k);
+        p.sd = mul_rn(s, ik);
+        p.ms = mul_rn(fneg(RNE_MAGIC), s);   // exact: s has at most 11 significant bits
         // divide() is exact while |x| <= 2**9 s; beyond, this group takes div.rn.
         const float amax = fmax_nan(fabs_bits(lo), fabs_bits(hi));
-        const bool wide = !(f2u(amax) <= f2u(mul_rn(p.s, 512.0f)));
-        // (s is 0 or at least 2**-25 here, so the plan never prescales; checked all the same.)
-        p.careful = wide || plan.exact || plan.scaled || !finite(p.s);
+        const bool wide = !(f2u(amax) <= f2u(mul_rn(s, 512.0f)));
+        // (The plan never prescales here; checked all the same. M * s overflows for a bf16
+        // s from about 2**104 on.)
+        p.careful = wide || plan.exact || plan.scaled || !finite(s) || !finite(p.ms);
         return p;
+    }
+
+    // The group's scale, from the Params of the mode they were prepared for.
+    __device__ static __forceinline__ float scale(const Params& p, bool stoch) {
+        return stoch ? mul_rn(p.sd, SCALE) : p.sd;
     }
 
     template <typename T>
     __device__ static __forceinline__ void store_params(const Params& p, i64 g, void* p0, void* p1,
-                                                        const QuantArgs&) {
-        static_cast<T*>(p0)[g] = from_f32<T>(p.s);
-        static_cast<T*>(p1)[g] = from_f32<T>(p.z);
+                                                        const QuantArgs& a) {
+        static_cast<T*>(p0)[g] = from_f32<T>(scale(p, mode_of(a) != ZP_NEAREST));
+        static_cast<T*>(p1)[g] = from_f32<T>((float)p.zi);
     }
 
     // The mode a call runs: the build's own, or the host's.
@@ -120,7 +140,12 @@ struct ZeroPoint {
             static_assert(VEC % 4 == 0 || 4 % VEC == 0, "units lie in whole blocks of words");
 #pragma unroll
             for (int k = 0; k < VEC; k += 4) {
-                const Words4 b = philox_block((u64)(e + k) >> 2, a.seed_lo, a.seed_hi);
+                // A counter's high word known to be 0 saves a round's product and the
+                // 64-bit arithmetic: 1.3 of about 29 instructions an element (sm_90).
+                const u64 c = (u64)(e + k) >> 2;
+                const Words4 b = ONLY == ZP_PHILOX
+                                     ? philox4x32_10((u32)c, 0u, 0u, 0u, a.seed_lo, a.seed_hi)
+                                     : philox_block(c, a.seed_lo, a.seed_hi);
 #pragma unroll
                 for (int j = 0; j < (VEC < 4 ? VEC : 4); ++j) {
                     if constexpr (VEC >= 4) {
@@ -169,24 +194,35 @@ struct ZeroPoint {
     // comparison: |x / s| >= 2**-26, so |x| >= 2**-51. Below, the quotient keeps its sign
     // and stays below 2**-25, which is all the results need. The sign of a zero quotient is
     // never looked at: the clamp, the rounding and the comparison treat -0 as +0.
+    //
+    // STOCH: v and c are x / s * 2**24, and M = 1.5 * 2**47 (its low bits those of 1.5 * 2**23).
     template <bool CAREFUL, bool STOCH, typename>
     __device__ static __forceinline__ u32 encode(float x, const Params& p, u32 rnd, float& d) {
-        const float v = CAREFUL ? div_rn(x, p.s) : divide_by_reciprocal<1>(x, p.nb, p.y);
+        const float M = magic(STOCH);
+        const float v = CAREFUL ? mul_rn(div_rn(x, scale(p, STOCH)), STOCH ? SCALE : 1.0f)
+                                : divide_by_reciprocal<1>(x, p.nb, p.y);
         if (CAREFUL && is_nan(v)) {
-            d = mul_rn(sub_rn(0.0f, p.z), p.s);
+            d = mul_rn(sub_rn(0.0f, (float)p.zi), scale(p, STOCH));
             return 0u;
         }
         const float c = fclamp(v, p.lo_b, p.hi_b);
         if (!STOCH) {
-            const float r = add_rn(c, RNE_MAGIC);
-            d = mul_rn(sub_rn(r, RNE_MAGIC), p.s);   // rne(c) = q - z
+            const float r = add_rn(c, M);               // rne(c) + M
+            d = reconstruct<CAREFUL>(r, M, p);
             return f2u(r) + p.zi;
         }
-        const float r = add_rm(c, RNE_MAGIC);        // floor(c) + 1.5 * 2**23
-        const float t = mul_rn(sub_rn(c, sub_rn(r, RNE_MAGIC)), 16777216.0f);
-        const float ru = add_rn(r, set_lt((float)(rnd >> 8), t));   // + 1 to round up, exact
-        d = mul_rn(sub_rn(ru, RNE_MAGIC), p.s);      // q - z
+        const float r = add_rm(c, M);                   // floor(v) * 2**24 + M
+        const float t = sub_rn(c, sub_rn(r, M));        // frac(v) * 2**24, rounded as f32(v - floor(v))
+        const float ru = fma_rn(set_lt((float)(rnd >> 8), t), SCALE, r);   // 2**24 more to round up
+        d = reconstruct<CAREFUL>(ru, M, p);
         return f2u(ru) + p.zi;
+    }
+
+    // (q - z) * s from the rounded r = q - z + M (times 2**24 and s * 2**-24 if STOCH).
+    // CAREFUL: s may be inf or NaN, and M * s may overflow.
+    template <bool CAREFUL>
+    __device__ static __forceinline__ float reconstruct(float r, float M, const Params& p) {
+        return CAREFUL ? mul_rn(sub_rn(r, M), p.sd) : fma_rn(r, p.sd, p.ms);
     }
 };
 

@@ -84,6 +84,10 @@ def _zp_seeded_format(bits: int) -> str:
 #   G=16 0.58 -> 0.54, G=64 0.64 -> 0.63). Groups of one unit (G=8) keep one pass in every
 #   mode (nearest 0.82 against 0.65, the caller's words 0.92 against 0.73).
 _ABOVE_ONE_UNIT = tuple(u for u in TWO_PASS_UNITS if u > 1)
+# Seeded rounding's own tile build takes every Philox counter's high word as 0
+# (cuda_src/zero_point.cu): it serves tensors of at most 2**34 elements, and larger ones
+# take the general build's tile kernel.
+SEEDED_BUILD = {"max_elements": 1 << 34}
 KERNELS_BY_MODE = {NEAREST: (_zp_nearest_format, 2, _ABOVE_ONE_UNIT, _zp_nearest_format),
                    RBITS: (_zp_format, 4, _ABOVE_ONE_UNIT, _zp_format),
                    PHILOX: (_zp_format, 4, (4,), _zp_seeded_format)}
@@ -129,6 +133,8 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
             ((m, k // g), t.numpy), ((m, k), t.numpy)))
     rb = None if rbits is None else contiguous(rbits)
     staged_fmt_of_bits, hold, two_pass_units, tile_fmt_of_bits = KERNELS_BY_MODE[mode]
+    if mode == PHILOX and x.size > SEEDED_BUILD["max_elements"]:
+        tile_fmt_of_bits = _zp_format
     # The tile kernel a warp a tile (groupwise.TILES): 0.90 -> 0.955 of copy on an H200.
     plan = quantize_plan(SRC, _zp_format, xc, t, bits, g, rb, big=False, hold=hold,
                          two_pass_units=two_pass_units, staged_fmt_of_bits=staged_fmt_of_bits,

@@ -394,6 +394,28 @@ def test_zero_point_near_rounding_boundaries(bits, dtype, rng):
             assert_same_bits(a, b, f"{dtype} bits={bits} {rounding} {name}")
 
 
+@pytest.mark.parametrize("g", [128, 512, 20])
+def test_zero_point_huge_bfloat16_scales(g, rng):
+    """bf16 groups from 1e30 to 1e38 wide: from about s = 2**104 on, M * s (M = 1.5 * 2**23,
+    the fast reconstruction's constant) overflows float32, and such a group must take the
+    careful arithmetic. Rows on both sides of that bound, every rounding, each quantizer
+    the group size takes (tile, staged, small groups)."""
+    t, m = ml_dtypes.bfloat16, 10
+    width = 10.0 ** np.linspace(30, 38, m)
+    x = (rng.uniform(-1, 1, (m, 8 * g)) * width[:, None]).astype(np.float32).astype(t)
+    for bits, (rounding, source) in itertools.product((4, 8), ZP_ROUNDINGS):
+        _, kw, kwh = _zero_point_inputs(rng, x.shape, "bfloat16", g, source, False)
+        got = cq.quantize_groupwise_zero_point(dev(x), bits, g, rounding, **kw)
+        want = cq.quantize_groupwise_zero_point(x, bits, g, rounding, **kwh)
+        what = f"g={g} bits={bits} {rounding} {source}"
+        for name, a, b in zip(("codes", "scales", "zeros", "dequant"), got, want):
+            assert_same_bits(a, b, f"{what} {name}")
+        with np.errstate(over="ignore"):
+            over = ~np.isfinite(np.float32(1.5 * 2 ** 23) * want[1].astype(np.float32))
+        assert over.any() and not over.all(), what + ": no row on one side of the bound"
+        assert np.isfinite(want[3].astype(np.float32)).all(), what
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("source_dtype", ["float16", "bfloat16"])
 def test_zero_point_dequantize_any_scales_and_zeros(bits, source_dtype, rng):

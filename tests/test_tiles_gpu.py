@@ -82,10 +82,13 @@ def test_tiles_match_numpy(op, variant, dtype, tiles, rng):
 
 
 def _zero_point_calls(x, rng):
-    """(what, kwargs) of the zero point's three rounding modes for x."""
+    """(what, kwargs) of the zero point's three rounding modes for x; "seed-general" is
+    seeded rounding through the general build, which takes tensors above the seeded
+    build's 2**34 elements (zero_point.SEEDED_BUILD)."""
     rbits = rng.integers(0, 2**32, size=x.shape, dtype=np.uint32)
+    seed = {"rounding": "stochastic", "seed": 0x1234_5678_9ABC}
     return [("nearest", {}), ("rbits", {"rounding": "stochastic", "rbits": rbits}),
-            ("seed", {"rounding": "stochastic", "seed": 0x1234_5678_9ABC})]
+            ("seed", seed), ("seed-general", seed)]
 
 
 def _check_formats(tiles, x, bits, g, ft, geom, what, rng):
@@ -96,7 +99,7 @@ def _check_formats(tiles, x, bits, g, ft, geom, what, rng):
 
     import cuquant as cq
     from _util import assert_same_bits
-    from cuquant import _numpy, groupwise
+    from cuquant import _numpy, groupwise, zero_point
 
     xd = cp.asarray(x)
     for sym in (False, True):
@@ -110,14 +113,20 @@ def _check_formats(tiles, x, bits, g, ft, geom, what, rng):
         return
     for mode, kw in _zero_point_calls(x, rng):
         dkw = {key: cp.asarray(v) if isinstance(v, np.ndarray) else v for key, v in kw.items()}
-        got, built = tiles.run(lambda: cq.quantize_groupwise_zero_point(xd, bits, g, **dkw))
+        with pytest.MonkeyPatch.context() as mp:
+            # x is the largest tensor the seeded build takes, or one element too large.
+            if mode.startswith("seed"):
+                mp.setitem(zero_point.SEEDED_BUILD, "max_elements",
+                           x.size - (mode == "seed-general"))
+            got, built = tiles.run(lambda: cq.quantize_groupwise_zero_point(xd, bits, g, **dkw))
         want_out = cq.quantize_groupwise_zero_point(x, bits, g, **kw)
         for i, (a, b) in enumerate(zip(got, want_out)):
             assert_same_bits(a, b, f"{what} zero point {mode} output {i}")
         # Rounding to nearest and seeded rounding have builds of their own.
         fmt = {"nearest": f"cq::ZeroPoint<{bits}, cq::ZP_NEAREST>",
                "rbits": f"cq::ZeroPoint<{bits}>",
-               "seed": f"cq::ZeroPoint<{bits}, cq::ZP_PHILOX>"}[mode]
+               "seed": f"cq::ZeroPoint<{bits}, cq::ZP_PHILOX>",
+               "seed-general": f"cq::ZeroPoint<{bits}>"}[mode]
         assert built == [groupwise.quant_tile_expr(fmt, ft, geom)], (what, mode, built)
 
 
