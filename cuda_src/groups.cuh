@@ -898,6 +898,11 @@ __device__ __forceinline__ void encode_small_group(T* gx, u8* gc, const typename
         gc[j] = (u8)F::template encode<CAREFUL, ALT, T>(to_f32(gx[j]), p, rnd, d);
         if constexpr (F::DEQUANT) gx[j] = from_f32<T>(d);
     };
+    auto alone = [&](int j) {   // an element with a word of its own
+        u32 rnd[1];
+        F::template random<1>(rnd, e + j, a, rbits);
+        one(j, rnd[0]);
+    };
     if constexpr (!(ALT && F::ALT_RANDOM)) {
 #pragma unroll 4
         for (int j = 0; j < G; ++j) one(j, 0u);
@@ -905,22 +910,14 @@ __device__ __forceinline__ void encode_small_group(T* gx, u8* gc, const typename
         const int to4 = (int)((4 - (e & 3)) & 3), lead = to4 < G ? to4 : G;
         const int body = lead + ((G - lead) & ~3);
         int j = 0;
-        for (; j < lead; ++j) {
-            u32 rnd[1];
-            F::template random<1>(rnd, e + j, a, rbits);
-            one(j, rnd[0]);
-        }
+        for (; j < lead; ++j) alone(j);
         for (; j < body; j += 4) {
             u32 rnd[4];
             F::template random<4, false>(rnd, e + j, a, rbits);   // rbits may be unaligned here
 #pragma unroll
             for (int k = 0; k < 4; ++k) one(j + k, rnd[k]);
         }
-        for (; j < G; ++j) {
-            u32 rnd[1];
-            F::template random<1>(rnd, e + j, a, rbits);
-            one(j, rnd[0]);
-        }
+        for (; j < G; ++j) alone(j);
     }
 }
 
@@ -1166,14 +1163,11 @@ dequantize_groups_spanning(const u8* __restrict__ q, const void* __restrict__ p0
         for (int k = 0; k < UNROLL; ++k) {
             const i64 uk = u + k * step;
             if (uk < n_units) {
-                float f[VEC];
-                c[k].template decode<D::SIGNED, D::LOW_FIRST>(f);
+                typename D::Params pe[VEC];   // each element's
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                    const typename D::Params pj = NP == VEC ? prm[k][j % NP] : j >= split[k] ? prm[k][1] : prm[k][0];
-                    f[j] = D::value(f[j], pj);
-                }
-                store_unit<Tout, VEC>(out + uk * VEC, convert_vec<Tout, VEC>(f));
+                for (int j = 0; j < VEC; ++j)
+                    pe[j] = NP == VEC ? prm[k][j % NP] : j >= split[k] ? prm[k][1] : prm[k][0];
+                dequant_unit<D, Tout, VEC, VEC>(c[k], pe, out + uk * VEC);
             }
         }
     }

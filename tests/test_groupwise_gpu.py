@@ -106,17 +106,22 @@ def test_groupwise_matches_numpy(shape, g, dtype, rng):
 ZP_ROUNDINGS = (("nearest", None), ("stochastic", "rbits"), ("stochastic", "seed"))
 
 
-def _zero_point_inputs(rng, shape, dtype: str, g: int, source, unaligned: bool):
-    """x [M, K] with edge values, and the random words' arguments (rbits=, seed= or none)
-    of the device call and of the host's."""
-    x = edge_values(rng, int(np.prod(shape)), DTYPES[dtype], g).reshape(shape)
+def _words(rng, shape, source, unaligned: bool):
+    """The random words' arguments (rbits=, seed= or none) of the device call and of the
+    host's, for x of `shape`."""
     if source == "rbits":
         r = rng.integers(0, 1 << 32, size=shape, dtype=np.uint32)
-        return x, {"rbits": dev(r, unaligned)}, {"rbits": r}
+        return {"rbits": dev(r, unaligned)}, {"rbits": r}
     if source == "seed":
         seed = {"seed": int(rng.integers(0, 1 << 63))}
-        return x, seed, seed
-    return x, {}, {}
+        return seed, seed
+    return {}, {}
+
+
+def _zero_point_inputs(rng, shape, dtype: str, g: int, source, unaligned: bool):
+    """x [M, K] with edge values, and the random words' arguments (_words)."""
+    x = edge_values(rng, int(np.prod(shape)), DTYPES[dtype], g).reshape(shape)
+    return (x, *_words(rng, shape, source, unaligned))
 
 
 # Small groups off the fast path (quantize_groups_small: 256 groups a block, a thread
@@ -394,17 +399,24 @@ def test_zero_point_near_rounding_boundaries(bits, dtype, rng):
             assert_same_bits(a, b, f"{dtype} bits={bits} {rounding} {name}")
 
 
-@pytest.mark.parametrize("g", [128, 512, 20])
-def test_zero_point_huge_bfloat16_scales(g, rng):
+# A group size for each quantizer of 16-bit data at 10 x 8 groups: the tile kernel, the
+# one-pass kernel (too small for the staged one), the small-group kernel.
+HUGE_CASES = {128: "quant-tiles", 512: "quant", 20: "quant-small"}
+
+
+@pytest.mark.parametrize("g", list(HUGE_CASES))
+def test_zero_point_huge_bfloat16_scales(g, rng, monkeypatch):
     """bf16 groups from 1e30 to 1e38 wide: from about s = 2**104 on, M * s (M = 1.5 * 2**23,
     the fast reconstruction's constant) overflows float32, and such a group must take the
-    careful arithmetic. Rows on both sides of that bound, every rounding, each quantizer
-    the group size takes (tile, staged, small groups)."""
+    careful arithmetic. Rows on both sides of that bound, every rounding, and the kernel
+    the group size takes checked."""
+    monkeypatch.setattr(gw, "_plans", {})
+    _fast.clear()
     t, m = ml_dtypes.bfloat16, 10
     width = 10.0 ** np.linspace(30, 38, m)
     x = (rng.uniform(-1, 1, (m, 8 * g)) * width[:, None]).astype(np.float32).astype(t)
     for bits, (rounding, source) in itertools.product((4, 8), ZP_ROUNDINGS):
-        _, kw, kwh = _zero_point_inputs(rng, x.shape, "bfloat16", g, source, False)
+        kw, kwh = _words(rng, x.shape, source, False)
         got = cq.quantize_groupwise_zero_point(dev(x), bits, g, rounding, **kw)
         want = cq.quantize_groupwise_zero_point(x, bits, g, rounding, **kwh)
         what = f"g={g} bits={bits} {rounding} {source}"
@@ -414,6 +426,7 @@ def test_zero_point_huge_bfloat16_scales(g, rng):
             over = ~np.isfinite(np.float32(1.5 * 2 ** 23) * want[1].astype(np.float32))
         assert over.any() and not over.all(), what + ": no row on one side of the bound"
         assert np.isfinite(want[3].astype(np.float32)).all(), what
+    assert HUGE_CASES[g] in {k[0] for k in gw._plans}, sorted({k[0] for k in gw._plans})
 
 
 @pytest.mark.parametrize("bits", [4, 8])
