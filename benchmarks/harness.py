@@ -4,11 +4,15 @@ Kernel time: the L2 is flushed (a buffer larger than L2 is overwritten) before e
 call, which is bracketed by CUDA events; the median of the repetitions is reported.
 Effective bandwidth: bytes of every input read once plus every output written once, over
 that time, and as a fraction of the device-to-device copy bandwidth measured in the same
-run. Host time: wall-clock time spent inside one call of a small shape, the GPU idle.
+run. Host time: wall-clock time spent inside one call of a small shape, the GPU idle, in
+passes spread over the run, each on the CPU where an empty launch is quickest at the time
+(`HostTimes`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
 
@@ -81,6 +85,92 @@ def host_us_per_call(fn, calls: int = 1000, rounds: int = 3) -> float:
         cp.cuda.get_current_stream().synchronize()
         best = min(best, statistics.median(times) * 1e6)
     return best
+
+
+def quietest_cpu(probe, calls: int = 200) -> tuple[int | None, float]:
+    """The CPU, of those this thread may run on, where `probe` takes least host time now,
+    and that time in microseconds; `(None, time)` where threads cannot be pinned.
+
+    On a shared machine a call's host time follows the load other processes put on the CPU
+    it runs on, and that load moves between CPUs within seconds (`benchmarks/NOTES.md`,
+    "Host time"). Measured on the quietest CPU, host time is the call's own work, as far as
+    one CPU can show it (`HostTimes` repeats the measurement over time)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None, host_us_per_call(probe, calls=calls, rounds=1)
+    allowed = os.sched_getaffinity(0)
+    best: tuple[int | None, float] = (None, float("inf"))
+    try:
+        for cpu in sorted(allowed):
+            os.sched_setaffinity(0, {cpu})
+            t = host_us_per_call(probe, calls=calls, rounds=1)
+            if t < best[1]:
+                best = (cpu, t)
+    finally:
+        os.sched_setaffinity(0, allowed)
+    return best
+
+
+@contextlib.contextmanager
+def pinned(cpu: int | None):
+    """Run the block with this thread on `cpu` alone, its former CPUs restored after; for
+    `None`, as it is."""
+    if cpu is None:
+        yield
+        return
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+class HostTimes:
+    """Host time of small calls, measured in passes spread over the run.
+
+    A shared machine's CPUs are slowed for seconds at a time by other processes' load, all
+    of them together at times (`benchmarks/NOTES.md`, "Host time"), so one measurement
+    says as much about that moment as about the call. Each pass measures every call once:
+    pinned to the quietest CPU of the moment (`quietest_cpu`), the median of 1000 calls,
+    and an empty launch right after on the same CPU to show the host's state. A call's
+    host time is its lowest pass, as timeit takes its best repeat, since other work on the
+    host only adds; the median over the passes is kept beside it."""
+
+    def __init__(self, probe=None):
+        self.probe = probe
+        self.calls: dict = {}
+        self.samples: dict = {}
+
+    def add(self, key, call) -> None:
+        """Keep `call` under `key` and measure it once (the first pass)."""
+        self.calls[key] = call
+        self.samples[key] = []
+        self._measure(key)
+
+    def passes(self, n: int, gap_s: float = 5.0) -> None:
+        """`n` more passes over every call kept, `gap_s` seconds apart."""
+        for _ in range(n):
+            time.sleep(gap_s)
+            for key in self.calls:
+                self._measure(key)
+
+    def _measure(self, key) -> None:
+        probe = self.probe or empty_launch()
+        cpu, _ = quietest_cpu(probe)
+        with pinned(cpu):
+            t = host_us_per_call(self.calls[key], rounds=1)
+            empty = host_us_per_call(probe, rounds=1)
+        self.samples[key].append((t, empty, cpu))
+
+    def result(self, key) -> dict:
+        """host_us (the lowest pass), launch_us and host_cpu of that pass, host_median_us
+        and launch_median_us (over the passes) and host_passes."""
+        samples = self.samples[key]
+        t, empty, cpu = min(samples, key=lambda s: s[0])
+        return {"host_us": t, "launch_us": empty, "host_cpu": cpu,
+                "host_median_us": statistics.median(s[0] for s in samples),
+                "launch_median_us": statistics.median(s[1] for s in samples),
+                "host_passes": len(samples)}
 
 
 _EMPTY = None

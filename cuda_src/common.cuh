@@ -281,6 +281,10 @@ __device__ __forceinline__ void cp_async16(u32 smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
+// A hint: the line holding p (global memory) fetched into L2. A global pointer's generic
+// address is its global one.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // A vector's elements as floats (exact). 16-bit types are unpacked two per 32-bit word.
 template <typename T, int N>
 __device__ __forceinline__ void unpack(const Vec<T, N>& x, float* f) {

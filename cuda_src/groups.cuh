@@ -1020,7 +1020,8 @@ quantize_groups_small(const T* __restrict__ x, u8* __restrict__ q, void* __restr
 // path (VEC = 1, or 2 for 4-bit codes) each element finds its own group: g = e / G.
 // dequantize_groups_spanning (below) keeps 16-byte units where G is not a multiple of VEC.
 // D::lane_param(g, second, p0, p1) and D::from_lanes(w, j) share a warp's parameters
-// (dequant_warp_units).
+// (dequant_warp_units); D::L2_AHEAD > 0 has it prefetch a later warp's codes and
+// parameters (D::param_addr) into L2.
 
 // One unit's codes to its VEC outputs at out: element j takes the parameters prm[j] of
 // its group, or prm[0] where the unit lies in one group (NP == 1).
@@ -1077,6 +1078,14 @@ __device__ __forceinline__ void dequant_warp_units(const u8* __restrict__ q, con
     // The bound is the warp's own, so every lane reaches the shuffles.
     for (i64 w = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); w * (32 * ROUNDS) < n_units; w += stride) {
         const i64 base = w * (32 * ROUNDS);
+        if constexpr (D::L2_AHEAD > 0) {
+            // Lanes 0-3 fetch into L2 the codes and first parameters of the warp L2_AHEAD
+            // warps on, so that its loads wait on L2 rather than on memory.
+            const i64 fu = base + (i64)D::L2_AHEAD * (32 * ROUNDS);
+            if (lane < 4 && (lane == 1 ? fu + 32 : fu) < n_units)
+                prefetch_l2(lane < 2 ? (const void*)(q + (fu + 32 * lane) * (VEC * D::BITS / 8))
+                                     : D::param_addr(div.div(fu), lane == 3, p0, p1));
+        }
         CodeUnit<D::BITS, VEC> c[ROUNDS];
 #pragma unroll
         for (int k = 0; k < ROUNDS; ++k) {

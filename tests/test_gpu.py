@@ -70,6 +70,40 @@ def test_matches_numpy(op, dtype, shape, variant, rng):
 
 
 # ---------------------------------------------------------------------------------------
+# The benchmark's large shapes
+
+LARGE_SHAPES = ((4096, 7168), _registry.HEADLINE)
+
+
+def _large_cases():
+    """Every INT8 and FP8 op in bfloat16: each variant at 4096 x 7168, the first also at
+    the benchmark's headline shape."""
+    for op in OPS:
+        if op.family not in ("int8", "fp8"):
+            continue
+        for shape in LARGE_SHAPES:
+            for variant in op.variants if shape == LARGE_SHAPES[0] else op.variants[:1]:
+                yield pytest.param(op, shape, variant,
+                                   id=f"{op.name}{'-' + op.notes if op.notes else ''}-{shape}-{variant}")
+
+
+@pytest.mark.parametrize("op,shape,variant", list(_large_cases()))
+def test_large_shapes_match_numpy(op, shape, variant, rng):
+    """At the benchmark's shapes, where the row, block and tile kernels run their full
+    grids. A quantizer's input holds a zero row, a NaN, infinities and a row of bfloat16
+    subnormals, except per-tensor dynamic scaling's, whose one scale a NaN would make NaN."""
+    args, kwargs = op.make(np, rng, shape, "bfloat16", **variant)
+    if op.kind == "quantize" and not (op.name.endswith("per_tensor") and "scale" not in kwargs):
+        x = args[0]
+        x[1] = 0.0
+        x[2, 7] = np.nan
+        x[3, 4000], x[5, 130] = np.inf, -np.inf
+        x[4] = np.float32(2.0 ** -130)  # subnormal in bfloat16
+    host, dev = _run_both(op, args, kwargs)
+    _compare(op, host, dev, op.name)
+
+
+# ---------------------------------------------------------------------------------------
 # Every geometry of the row kernels
 
 def _row_lengths(exact_teams: bool, smooth: bool = False) -> list[int]:

@@ -1,6 +1,10 @@
 """The benchmark harness's switch between source folders (A/B runs of kernel variants)."""
 
+import contextlib
+import os
 import shutil
+
+import pytest
 
 from benchmarks import harness
 from cuquant import _fast, _kernels, _symmetric, groupwise
@@ -39,3 +43,61 @@ def test_time_variants_compares_with_the_first_and_times_each():
         Clock(), rounds=2, reps=1)
     assert times == {"a": [1.0, 1.0], "b": [2.0, 2.0], "c": [3.0, 3.0]}
     assert notes == ["DIFF b output 0"]
+
+
+needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
+                                    reason="threads cannot be pinned on this platform")
+
+
+@needs_affinity
+def test_quietest_cpu_picks_the_quickest_and_restores_the_affinity(monkeypatch):
+    allowed = os.sched_getaffinity(0)
+    cpus = sorted(allowed)
+    quiet = cpus[len(cpus) // 2]
+    seen = []
+
+    def host_us(probe, calls, rounds):  # the probe runs pinned to one CPU at a time
+        (cpu,) = os.sched_getaffinity(0)
+        seen.append(cpu)
+        return 4.0 if cpu == quiet else 6.0 + cpu
+
+    monkeypatch.setattr(harness, "host_us_per_call", host_us)
+    assert harness.quietest_cpu(lambda: None) == (quiet, 4.0)
+    assert seen == cpus
+    assert os.sched_getaffinity(0) == allowed
+
+
+@needs_affinity
+def test_pinned_runs_the_block_on_one_cpu_and_restores():
+    allowed = os.sched_getaffinity(0)
+    cpu = max(allowed)
+    with harness.pinned(cpu):
+        assert os.sched_getaffinity(0) == {cpu}
+    assert os.sched_getaffinity(0) == allowed
+    with pytest.raises(KeyError):
+        with harness.pinned(cpu):
+            raise KeyError
+    assert os.sched_getaffinity(0) == allowed
+    with harness.pinned(None):
+        assert os.sched_getaffinity(0) == allowed
+
+
+def test_host_times_keep_each_calls_lowest_pass_and_its_state(monkeypatch):
+    """Each pass measures every call kept, pinned to the quietest CPU of the moment; a
+    call's host time is its lowest pass, reported with that pass's empty launch and CPU."""
+    measured = {"a": iter([9.0, 8.0, 12.0]), "b": iter([10.0, 11.0, 9.5]),
+                "empty": iter([4.1, 4.0, 6.0, 6.2, 4.3, 4.4])}
+    cpus = iter([3, 7, 3, 5, 1, 2])
+    monkeypatch.setattr(harness, "quietest_cpu", lambda probe: (next(cpus), 0.0))
+    monkeypatch.setattr(harness, "pinned", lambda cpu: contextlib.nullcontext())
+    monkeypatch.setattr(harness, "host_us_per_call", lambda fn, rounds: next(measured[fn()]))
+    host = harness.HostTimes(probe=lambda: "empty")
+    host.add(0, lambda: "a")
+    host.add(4, lambda: "b")
+    assert host.result(0) == {"host_us": 9.0, "launch_us": 4.1, "host_cpu": 3,
+                              "host_median_us": 9.0, "launch_median_us": 4.1, "host_passes": 1}
+    host.passes(2, gap_s=0.0)
+    assert host.result(0) == {"host_us": 8.0, "launch_us": 6.0, "host_cpu": 3,
+                              "host_median_us": 9.0, "launch_median_us": 4.3, "host_passes": 3}
+    assert host.result(4) == {"host_us": 9.5, "launch_us": 4.4, "host_cpu": 2,
+                              "host_median_us": 10.0, "launch_median_us": 4.4, "host_passes": 3}

@@ -1,0 +1,50 @@
+"""The zero point's 4-bit dequantizer with the L2 prefetch: zc as in ab_r24.py, zcc the
+codes alone a wave on, zch codes and parameters half a wave on, zcc2 the codes alone two
+waves on. Head against the warp-shared dequantizers with an L2 prefetch, by one lane each, of the
+codes and first parameters of the warp a wave (pf1: 8448 warps, 132 x 64), two waves (pf2)
+or half a wave (pfh) on; new: the committed form (DeepSpeed's 4-bit codes only), zc: new
+with the zero point's 4-bit codes too. fp16 output of 16384 x 7168 unless said, x copy counting every
+input and output; every output compared with head's bit for bit."""
+import os, pathlib, sys
+sys.path.insert(0, os.getcwd())
+import numpy as np, cupy as cp
+import cuquant
+from benchmarks import harness
+
+here = pathlib.Path(os.path.dirname(os.path.abspath(__file__)))
+names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["head", "new", "zc", "zcc", "zch", "zcc2"]
+rounds = int(os.environ.get("AB_ROUNDS", "3"))
+loaded = [None]
+
+
+def use(name):
+    if loaded[0] != name:
+        harness.use_sources(here / name)
+        loaded[0] = name
+    harness.forget_plans()
+
+
+timer = harness.Timer()
+copy_bw = harness.copy_bandwidth(timer)
+print(f"copy {copy_bw / 1e12:.3f} TB/s  {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}", flush=True)
+rng = np.random.default_rng(0)
+
+
+def report(label, call, inputs):
+    out = call()
+    moved = sum(a.nbytes for a in inputs) + (sum(o.nbytes for o in out) if isinstance(out, tuple) else out.nbytes)
+    times, notes = harness.time_variants(names, use, call, timer, rounds=rounds, reps=15)
+    cells = "  ".join(f"{n} " + "/".join(f"{moved / (t * 1e-3) / copy_bw:.3f}" for t in ts)
+                      for n, ts in times.items())
+    print(f"{label:34s} {cells}  {' '.join(notes)}", flush=True)
+
+
+x = cp.asarray(rng.standard_normal((16384, 7168), dtype=np.float32).astype(np.float16))
+for g in (128, 32):
+    harness.use_sources(None)
+    q, s, z, _ = cuquant.quantize_groupwise_zero_point(x, 4, g)
+    report(f"zp dequant 4-bit G={g}",
+           lambda: cuquant.dequantize_groupwise_zero_point(q, s, z, g, np.float16, bits=4), [q, s, z])
+harness.use_sources(None)
+q, p = cuquant.quantize_groupwise(x, 4, False, 128)
+report("ds dequant 4-bit asym G=128", lambda: cuquant.dequantize_groupwise(q, p, 4, False, 128, dtype=np.float16), [q, p])
