@@ -142,25 +142,25 @@ class HostTimes:
         self.samples: dict = {}
 
     def add(self, key, call) -> None:
-        """Keep `call` under `key` and measure it once (the first pass)."""
+        """Measure `call` once (the first pass) and keep it under `key`; a call that raises
+        is not kept."""
+        self.samples[key] = [self._sample(call)]
         self.calls[key] = call
-        self.samples[key] = []
-        self._measure(key)
 
     def passes(self, n: int, gap_s: float = 5.0) -> None:
         """`n` more passes over every call kept, `gap_s` seconds apart."""
         for _ in range(n):
             time.sleep(gap_s)
-            for key in self.calls:
-                self._measure(key)
+            for key, call in self.calls.items():
+                self.samples[key].append(self._sample(call))
 
-    def _measure(self, key) -> None:
+    def _sample(self, call) -> tuple:
         probe = self.probe or empty_launch()
         cpu, _ = quietest_cpu(probe)
         with pinned(cpu):
-            t = host_us_per_call(self.calls[key], rounds=1)
+            t = host_us_per_call(call, rounds=1)
             empty = host_us_per_call(probe, rounds=1)
-        self.samples[key].append((t, empty, cpu))
+        return t, empty, cpu
 
     def result(self, key) -> dict:
         """host_us (the lowest pass), launch_us and host_cpu of that pass, host_median_us

@@ -101,3 +101,20 @@ def test_host_times_keep_each_calls_lowest_pass_and_its_state(monkeypatch):
                               "host_median_us": 9.0, "launch_median_us": 4.3, "host_passes": 3}
     assert host.result(4) == {"host_us": 9.5, "launch_us": 4.4, "host_cpu": 2,
                               "host_median_us": 10.0, "launch_median_us": 4.4, "host_passes": 3}
+
+
+def test_host_times_keep_no_call_that_raises(monkeypatch):
+    monkeypatch.setattr(harness, "quietest_cpu", lambda probe: (0, 0.0))
+    monkeypatch.setattr(harness, "pinned", lambda cpu: contextlib.nullcontext())
+    monkeypatch.setattr(harness, "host_us_per_call", lambda fn, rounds: fn())
+
+    def fails():
+        raise RuntimeError("out of memory")
+
+    host = harness.HostTimes(probe=lambda: 4.0)
+    with pytest.raises(RuntimeError):
+        host.add(0, fails)
+    host.add(1, lambda: 9.0)
+    host.passes(1, gap_s=0.0)
+    assert list(host.calls) == [1]
+    assert host.result(1)["host_passes"] == 2
