@@ -97,17 +97,12 @@ def quietest_cpu(probe, calls: int = 200) -> tuple[int | None, float]:
     one CPU can show it (`HostTimes` repeats the measurement over time)."""
     if not hasattr(os, "sched_setaffinity"):
         return None, host_us_per_call(probe, calls=calls, rounds=1)
-    allowed = os.sched_getaffinity(0)
-    best: tuple[int | None, float] = (None, float("inf"))
-    try:
-        for cpu in sorted(allowed):
-            os.sched_setaffinity(0, {cpu})
-            t = host_us_per_call(probe, calls=calls, rounds=1)
-            if t < best[1]:
-                best = (cpu, t)
-    finally:
-        os.sched_setaffinity(0, allowed)
-    return best
+    times = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        with pinned(cpu):
+            times[cpu] = host_us_per_call(probe, calls=calls, rounds=1)
+    cpu = min(times, key=times.get)
+    return cpu, times[cpu]
 
 
 @contextlib.contextmanager

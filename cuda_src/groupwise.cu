@@ -138,13 +138,12 @@ struct DeepSpeedCodes {
         return r;
     }
     // A warp's parameters: p0 is [groups] or [groups, 2] float32.
-    __device__ static __forceinline__ float lane_param(i64 g, bool second, const void* p0, const void*) {
-        const float* p = static_cast<const float*>(p0);
-        return SYM ? p[g] : p[2 * g + second];
-    }
     __device__ static __forceinline__ const void* param_addr(i64 g, bool second, const void* p0, const void*) {
         const float* p = static_cast<const float*>(p0);
         return SYM ? p + g : p + 2 * g + second;
+    }
+    __device__ static __forceinline__ float lane_param(i64 g, bool second, const void* p0, const void* p1) {
+        return *static_cast<const float*>(param_addr(g, second, p0, p1));
     }
     __device__ static __forceinline__ Params from_lanes(float w, int j) {
         Params r;

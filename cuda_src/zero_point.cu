@@ -237,11 +237,11 @@ struct ZeroPointCodes {
         return Params{to_f32(static_cast<const TS*>(p0)[g]), to_f32(static_cast<const TS*>(p1)[g])};
     }
     // A warp's parameters: the scale from p0, the zero from p1.
-    __device__ static __forceinline__ float lane_param(i64 g, bool second, const void* p0, const void* p1) {
-        return to_f32(static_cast<const TS*>(second ? p1 : p0)[g]);
-    }
     __device__ static __forceinline__ const void* param_addr(i64 g, bool second, const void* p0, const void* p1) {
         return static_cast<const TS*>(second ? p1 : p0) + g;
+    }
+    __device__ static __forceinline__ float lane_param(i64 g, bool second, const void* p0, const void* p1) {
+        return to_f32(*static_cast<const TS*>(param_addr(g, second, p0, p1)));
     }
     __device__ static __forceinline__ Params from_lanes(float w, int j) {
         return Params{__shfl_sync(0xffffffffu, w, j), __shfl_sync(0xffffffffu, w, 16 + j)};

@@ -22,12 +22,15 @@ OPS = _registry.all_ops()
 VARIANT_SHAPES = ((37, 999), (130, 257), (64, 7168), (3, 16400))
 
 
+def _name(op) -> str:
+    return op.name + (f"-{op.notes}" if op.notes else "")
+
+
 def _cases():
     for op in OPS:
         for shape in op.shapes:
             for dtype in op.dtypes:
-                yield pytest.param(op, dtype, shape, op.variants[0],
-                                   id=f"{op.name}{'-' + op.notes if op.notes else ''}-{dtype}-{shape}")
+                yield pytest.param(op, dtype, shape, op.variants[0], id=f"{_name(op)}-{dtype}-{shape}")
         for variant in op.variants[1:]:
             for shape in VARIANT_SHAPES:
                 yield pytest.param(op, "bfloat16", shape, variant,
@@ -83,8 +86,7 @@ def _large_cases():
             continue
         for shape in LARGE_SHAPES:
             for variant in op.variants if shape == LARGE_SHAPES[0] else op.variants[:1]:
-                yield pytest.param(op, shape, variant,
-                                   id=f"{op.name}{'-' + op.notes if op.notes else ''}-{shape}-{variant}")
+                yield pytest.param(op, shape, variant, id=f"{_name(op)}-{shape}-{variant}")
 
 
 @pytest.mark.parametrize("op,shape,variant", list(_large_cases()))

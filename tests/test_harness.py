@@ -1,4 +1,5 @@
-"""The benchmark harness's switch between source folders (A/B runs of kernel variants)."""
+"""The benchmark harness: its switch between source folders (A/B runs of kernel variants) and
+its host-time measurement (the quietest CPU, passes)."""
 
 import contextlib
 import os
