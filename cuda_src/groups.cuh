@@ -1020,7 +1020,7 @@ quantize_groups_small(const T* __restrict__ x, u8* __restrict__ q, void* __restr
 // path (VEC = 1, or 2 for 4-bit codes) each element finds its own group: g = e / G.
 // dequantize_groups_spanning (below) keeps 16-byte units where G is not a multiple of VEC.
 // D::lane_param(g, second, p0, p1) and D::from_lanes(w, j) share a warp's parameters
-// (dequant_warp_units); D::L2_AHEAD > 0 has it prefetch a later warp's codes and
+// (dequant_warp_units); D::L2_PREFETCH has it prefetch a later warp's codes and
 // parameters (D::param_addr) into L2.
 
 // One unit's codes to its VEC outputs at out: element j takes the parameters prm[j] of
@@ -1059,6 +1059,12 @@ __device__ __forceinline__ void dequant_units(const u8* __restrict__ q, const vo
 }
 
 constexpr int DQ_THREADS = 256;
+// The warp-shared dequantizers run eight blocks a multiprocessor (32 registers a thread),
+// so that a wave of an H200 is 132 x 64 warps: the warp whose codes a warp prefetches runs
+// a wave later. Held to 32 registers, the prefetching kernels (40 without the bound) measured
+// 0.918 -> 0.928 of copy for the zero point's 4 bits (benchmarks/NOTES.md, twenty-fifth round).
+constexpr int DQ_WARP_BLOCKS = 8;
+constexpr i64 DQ_L2_AHEAD = 132 * DQ_WARP_BLOCKS * (DQ_THREADS / 32);
 
 // The fast path with the parameters shared by a warp: a warp takes 64 consecutive units
 // (round k: unit base + 32 k + lane), whose groups are at most 16 when a group holds at
@@ -1078,10 +1084,10 @@ __device__ __forceinline__ void dequant_warp_units(const u8* __restrict__ q, con
     // The bound is the warp's own, so every lane reaches the shuffles.
     for (i64 w = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); w * (32 * ROUNDS) < n_units; w += stride) {
         const i64 base = w * (32 * ROUNDS);
-        if constexpr (D::L2_AHEAD > 0) {
-            // Lanes 0-3 fetch into L2 the codes and first parameters of the warp L2_AHEAD
-            // warps on, so that its loads wait on L2 rather than on memory.
-            const i64 fu = base + (i64)D::L2_AHEAD * (32 * ROUNDS);
+        if constexpr (D::L2_PREFETCH) {
+            // Lanes 0-3 fetch into L2 the codes and first parameters of the warp a wave on,
+            // so that its loads wait on L2 rather than on memory.
+            const i64 fu = base + DQ_L2_AHEAD * (32 * ROUNDS);
             if (lane < 4 && (lane == 1 ? fu + 32 : fu) < n_units)
                 prefetch_l2(lane < 2 ? (const void*)(q + (fu + 32 * lane) * (VEC * D::BITS / 8))
                                      : D::param_addr(div.div(fu), lane == 3, p0, p1));
@@ -1108,7 +1114,7 @@ __device__ __forceinline__ void dequant_warp_units(const u8* __restrict__ q, con
 // taking a contiguous chunk; the best UNROLL depends on the format, see the host side).
 // WARP_PARAMS: dequant_warp_units instead (the fast path, groups of 4 units or more).
 template <class D, typename Tout, int VEC, int UNROLL, bool WARP_PARAMS>
-__global__ void __launch_bounds__(DQ_THREADS)
+__global__ void __launch_bounds__(DQ_THREADS, WARP_PARAMS ? DQ_WARP_BLOCKS : 1)
 dequantize_groups(const u8* __restrict__ q, const void* __restrict__ p0, const void* __restrict__ p1,
                   Tout* __restrict__ out, i64 n_units, i64 d, u32 magic, u32 shift) {
     const FastDiv div{d, magic, shift};

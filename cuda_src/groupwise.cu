@@ -118,10 +118,10 @@ struct DeepSpeed {
 template <int BITS_, bool SYM>
 struct DeepSpeedCodes {
     static constexpr int BITS = BITS_;
-    // 4-bit codes: the warp-shared dequantizer prefetches into L2 the warp a wave of an H200
-    // on (132 multiprocessors x 64 warps): on an H200, 0.921-0.929 -> 0.937-0.944 of copy
-    // (fp16, G=128). 8-bit codes lost 0.015 with it (benchmarks/NOTES.md, twenty-fourth round).
-    static constexpr int L2_AHEAD = BITS_ == 4 ? 132 * 64 : 0;
+    // 4-bit codes: the warp-shared dequantizer prefetches into L2 the warp a wave on: on an
+    // H200, 0.921-0.929 -> 0.937-0.944 of copy (fp16, G=128). 8-bit codes lost 0.015 with it
+    // (benchmarks/NOTES.md, twenty-fourth round).
+    static constexpr bool L2_PREFETCH = BITS_ == 4;
     static constexpr bool SIGNED = true, LOW_FIRST = false;
     struct Params { float inv, offset; };
     __device__ static __forceinline__ Params load(i64 g, const void* p0, const void*) {

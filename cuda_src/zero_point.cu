@@ -231,7 +231,9 @@ template <int B, typename TS>
 struct ZeroPointCodes {
     static constexpr int BITS = B;
     static constexpr bool SIGNED = false, LOW_FIRST = true;
-    static constexpr int L2_AHEAD = 0;   // a prefetch a wave ahead measured lower, 4 and 8 bits
+    // 4-bit codes prefetched a wave on (groups.cuh): 0.918 -> 0.928 of copy on an H200 (fp16,
+    // G=128); 8-bit codes lost with it (benchmarks/NOTES.md, twenty-fourth and -fifth rounds).
+    static constexpr bool L2_PREFETCH = B == 4;
     struct Params { float s, z; };
     __device__ static __forceinline__ Params load(i64 g, const void* p0, const void* p1) {
         return Params{to_f32(static_cast<const TS*>(p0)[g]), to_f32(static_cast<const TS*>(p1)[g])};
