@@ -285,3 +285,44 @@ def time_variants(names, use, call, timer, rounds: int = 3, reps: int = 15):
                     notes.add(f"DIFF {name} output {i}")
             times[name].append(timer.time_ms(call, reps=reps))
     return times, sorted(notes)
+
+
+class SourceAB:
+    """A/B runs of source variants, each a copy of cuda_src in a folder of `names` under
+    `folder`, in one process. Measures and prints the copy bandwidth first (unless given);
+    `report(label, call, inputs)` times call() under every variant (`time_variants`: the
+    first name's outputs are the reference) and prints one line: each round's effective
+    bandwidth over the copy bandwidth, counting `inputs` and call()'s outputs, then any
+    DIFF notes."""
+
+    def __init__(self, folder, names, rounds: int = 3, reps: int = 15, timer=None,
+                 copy_bw: float | None = None, out=print):
+        import pathlib
+
+        self.folder, self.names = pathlib.Path(folder), list(names)
+        self.rounds, self.reps, self.out = rounds, reps, out
+        self.timer = timer if timer is not None else Timer()
+        if copy_bw is None:
+            cp = _cp()
+            copy_bw = copy_bandwidth(self.timer)
+            name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+            out(f"copy {copy_bw / 1e12:.3f} TB/s  {name}", flush=True)
+        self.copy_bw = copy_bw
+
+    def use(self, name) -> None:
+        """Builds from the folder `name` (kept while it is the loader's), plans afresh."""
+        from cuquant import _kernels
+
+        if _kernels.source_dir() != self.folder / name:
+            use_sources(self.folder / name)
+        forget_plans()
+
+    def report(self, label: str, call, inputs) -> dict:
+        """Prints and returns {name: [fraction of copy a round]}."""
+        moved = nbytes(list(inputs)) + nbytes(call())
+        times, notes = time_variants(self.names, self.use, call, self.timer, rounds=self.rounds,
+                                     reps=self.reps)
+        fractions = {n: [moved / (ms * 1e-3) / self.copy_bw for ms in ts] for n, ts in times.items()}
+        cells = "  ".join(f"{n} " + "/".join(f"{f:.3f}" for f in fs) for n, fs in fractions.items())
+        self.out(f"{label:34s} {cells}  {' '.join(notes)}", flush=True)
+        return fractions

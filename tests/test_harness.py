@@ -119,3 +119,29 @@ def test_host_times_keep_no_call_that_raises(monkeypatch):
     host.passes(1, gap_s=0.0)
     assert list(host.calls) == [1]
     assert host.result(1)["host_passes"] == 2
+
+
+def test_source_ab_loads_each_folder_and_reports_fractions_of_copy(tmp_path):
+    import numpy as np
+
+    for name in ("head", "new"):
+        shutil.copytree(_kernels.source_dir(), tmp_path / name)
+    (tmp_path / "new" / "symmetric.cu").write_text("// new\n" + (tmp_path / "new" / "symmetric.cu").read_text())
+
+    class Clock:  # 1 ms under head, 2 ms under new
+        def time_ms(self, fn, reps):
+            fn()
+            return 2.0 if _kernels.source("symmetric.cu").startswith("// new") else 1.0
+
+    lines = []
+    try:
+        ab = harness.SourceAB(tmp_path, ["head", "new"], rounds=2, timer=Clock(), copy_bw=8e3,
+                              out=lambda line, flush: lines.append(line))
+        outputs = {False: np.uint8([1, 2]), True: np.uint8([1, 3])}
+        fractions = ab.report("case", lambda: outputs[_kernels.source("symmetric.cu").startswith("// new")],
+                              [np.zeros(2, np.float32)])
+    finally:
+        harness.use_sources(None)
+    # 8 bytes in, 2 out: 10 bytes in 1 ms is 1e4 B/s, 1.25 of the copy's 8e3
+    assert fractions == {"head": [1.25, 1.25], "new": [0.625, 0.625]}
+    assert lines == ["case" + " " * 31 + "head 1.250/1.250  new 0.625/0.625  DIFF new output 0"]

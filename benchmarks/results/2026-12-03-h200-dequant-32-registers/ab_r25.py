@@ -6,41 +6,21 @@ registers; every other warp-shared kernel already at 32 or fewer); zc: head with
 point's 4-bit codes and first parameters prefetched a wave on (40 registers); zclb8: zc
 with the bound (the committed form); zclb8p2: zclb8 with the parameters prefetched two
 waves on; zq: zclb8 with the parameters' line prefetched only by the warp whose first
-group opens it. fp16 output of 16384 x 7168 unless said, x copy counting every input and
-output; every output compared with head's bit for bit."""
+group opens it. With `head,a075,a125,a150`: the committed sources against the prefetch
+distance at 3/4, 5/4 and 3/2 of a wave (variants-distance.diff). fp16 output of 16384 x
+7168 unless said, x copy counting every input and output; every output compared with
+head's bit for bit."""
 import os, pathlib, sys
 sys.path.insert(0, os.getcwd())
 import numpy as np, cupy as cp
 import cuquant
 from benchmarks import harness
 
-here = pathlib.Path(os.path.dirname(os.path.abspath(__file__)))
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["head", "lb8", "zc", "zclb8", "zclb8p2", "zq"]
-rounds = int(os.environ.get("AB_ROUNDS", "3"))
-loaded = [None]
-
-
-def use(name):
-    if loaded[0] != name:
-        harness.use_sources(here / name)
-        loaded[0] = name
-    harness.forget_plans()
-
-
-timer = harness.Timer()
-copy_bw = harness.copy_bandwidth(timer)
-print(f"copy {copy_bw / 1e12:.3f} TB/s  {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}", flush=True)
+ab = harness.SourceAB(pathlib.Path(os.path.dirname(os.path.abspath(__file__))), names,
+                      rounds=int(os.environ.get("AB_ROUNDS", "3")))
+report = ab.report
 rng = np.random.default_rng(0)
-
-
-def report(label, call, inputs):
-    out = call()
-    moved = sum(a.nbytes for a in inputs) + (sum(o.nbytes for o in out) if isinstance(out, tuple) else out.nbytes)
-    times, notes = harness.time_variants(names, use, call, timer, rounds=rounds, reps=15)
-    cells = "  ".join(f"{n} " + "/".join(f"{moved / (t * 1e-3) / copy_bw:.3f}" for t in ts)
-                      for n, ts in times.items())
-    print(f"{label:34s} {cells}  {' '.join(notes)}", flush=True)
-
 
 x = cp.asarray(rng.standard_normal((16384, 7168), dtype=np.float32).astype(np.float16))
 for bits, g, dt in ((4, 128, np.float16), (4, 32, np.float16), (4, 128, cp.float32), (4, 128, 'bfloat16'), (8, 128, np.float16)):
