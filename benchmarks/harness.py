@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import statistics
 import time
 
@@ -297,8 +298,6 @@ class SourceAB:
 
     def __init__(self, folder, names, rounds: int = 3, reps: int = 15, timer=None,
                  copy_bw: float | None = None, out=print):
-        import pathlib
-
         self.folder, self.names = pathlib.Path(folder), list(names)
         self.rounds, self.reps, self.out = rounds, reps, out
         self.timer = timer if timer is not None else Timer()
