@@ -318,6 +318,7 @@ class SourceAB:
 
     def report(self, label: str, call, inputs) -> dict:
         """Prints and returns {name: [fraction of copy a round]}."""
+        self.use(self.names[0])  # outputs sized under the reference, not whatever is loaded
         moved = nbytes(list(inputs)) + nbytes(call())
         times, notes = time_variants(self.names, self.use, call, self.timer, rounds=self.rounds,
                                      reps=self.reps)

@@ -9,33 +9,11 @@ import numpy as np, cupy as cp
 import cuquant
 from benchmarks import harness
 
-here = pathlib.Path(os.path.dirname(os.path.abspath(__file__)))
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["head", "pf1", "new", "zc"]
-rounds = int(os.environ.get("AB_ROUNDS", "3"))
-loaded = [None]
-
-
-def use(name):
-    if loaded[0] != name:
-        harness.use_sources(here / name)
-        loaded[0] = name
-    harness.forget_plans()
-
-
-timer = harness.Timer()
-copy_bw = harness.copy_bandwidth(timer)
-print(f"copy {copy_bw / 1e12:.3f} TB/s  {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}", flush=True)
+ab = harness.SourceAB(pathlib.Path(os.path.dirname(os.path.abspath(__file__))), names,
+                      rounds=int(os.environ.get("AB_ROUNDS", "3")))
+report = ab.report
 rng = np.random.default_rng(0)
-
-
-def report(label, call, inputs):
-    out = call()
-    moved = sum(a.nbytes for a in inputs) + (sum(o.nbytes for o in out) if isinstance(out, tuple) else out.nbytes)
-    times, notes = harness.time_variants(names, use, call, timer, rounds=rounds, reps=15)
-    cells = "  ".join(f"{n} " + "/".join(f"{moved / (t * 1e-3) / copy_bw:.3f}" for t in ts)
-                      for n, ts in times.items())
-    print(f"{label:34s} {cells}  {' '.join(notes)}", flush=True)
-
 
 x = cp.asarray(rng.standard_normal((16384, 7168), dtype=np.float32).astype(np.float16))
 for bits, sym, g in ((4, False, 128), (4, True, 128), (4, False, 2048), (8, False, 128)):
