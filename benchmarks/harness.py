@@ -288,6 +288,26 @@ def time_variants(names, use, call, timer, rounds: int = 3, reps: int = 15):
     return times, sorted(notes)
 
 
+def smooth_input(xp, rng, rows: int, k: int, dtype: str = "bfloat16", special: bool = False):
+    """SmoothQuant's input for A/B runs: (x [rows, k], smooth [k]) as the op's declaration
+    makes them. With `special` (rows >= 18), rows that take the kernel's second division:
+    a NaN, an infinity, a zero row, a tiny row (in float16 the smallest subnormals, with
+    x's signs) and, but in float16, a huge one."""
+    from cuquant import _registry
+
+    (x, smooth), _ = _registry._smooth(xp, rng, (rows, k), dtype)
+    if special:
+        x[3, 5] = np.nan
+        x[7, 1] = np.inf
+        x[11] = 0
+        if dtype == "float16":
+            x[13] = xp.where(x[13] < 0, -(2.0 ** -24), 2.0 ** -24).astype(x.dtype)
+        else:
+            x[13] = x[13] * 1e-30
+            x[17] = x[17] * 1e30
+    return x, smooth
+
+
 class SourceAB:
     """A/B runs of source variants, each a copy of cuda_src in a folder of `names` under
     `folder`, in one process. Measures and prints the copy bandwidth first (unless given);

@@ -374,12 +374,16 @@ __device__ __noinline__ void smooth_tables(const float* __restrict__ smooth, flo
 }
 
 // Threads of a smooth_quant_rows block and the blocks a multiprocessor the compiler must
-// fit. Teams share blocks of at least 256 threads, two teams of 256 a block of 512, and
-// with them the tables. Teams of 5-7 vectors a thread hold up to 56 float32 quotients and
-// get 128 registers (two blocks of 256); four vectors fit 80 (three blocks).
+// fit. Teams share a block, and with it the tables. Teams of 5-7 vectors a thread hold up
+// to 56 float32 quotients and get 128 registers, so a multiprocessor holds 512 threads:
+// one block where the teams are whole warps (two blocks of 256 built the tables twice; on
+// an H200, bf16 16384 x 7168 went from 0.918 to 0.927 of copy as one), two of 256 for
+// teams of 32 (0.013 lower as one at 32768 x 1792). Four vectors fit 80 registers, three
+// blocks of 256 (one of 768 lost 0.07 at 4096 x 7168; benchmarks/NOTES.md, twenty-sixth
+// round).
 template <int TPG, int VPT> struct SmoothShape {
     enum {
-        threads = TPG >= 512 ? TPG : TPG == 256 ? 512 : 256,
+        threads = TPG >= 512 ? TPG : TPG == 256 || (VPT > 4 && TPG > 32) ? 512 : 256,
         fit = 65536 / (threads * (VPT > 4 ? 128 : 80)),
         min_blocks = fit > 0 ? fit : 1
     };
@@ -390,10 +394,22 @@ template <int TPG, int VPT> struct SmoothShape {
 // copied in the background while this one is worked on. FULL: every row fills every
 // vector of every thread (K = TPG * VPT * VEC, teams of whole warps), so no vector is
 // tested, and a team whose row is past the end leaves the loop.
+//
+// Rows are dealt to teams in a fixed order, except in full rows of 5-7 vectors a thread
+// and teams of several warps (DYN): there each team's first two rows are fixed and every
+// later one comes from a counter, ws[0], so that a team slowed by its rows (or by its
+// multiprocessor) takes fewer. The team's leader takes a row from the counter as the row
+// before is copied and hands it out at the row's barrier; the last team to finish (ws[1]
+// counts them) zeroes both words. ws is the caller's zeroed workspace for this stream.
+// On an H200 (bf16 16384 x 7168, two blocks of 256) that took 0.890 to 0.918 of copy, and
+// rows that divide again (NaN, inf, tiny, huge) no longer hold their team back (0.849 ->
+// 0.920); with 4 vectors a thread, or rows not full, it lost 0.01-0.10 (benchmarks/NOTES.md,
+// twenty-fifth and twenty-sixth rounds).
 template <typename Tin, int VEC, int TPG, int VPT, bool FULL>
 __global__ void __launch_bounds__(SmoothShape<TPG, VPT>::threads, SmoothShape<TPG, VPT>::min_blocks)
 smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restrict__ scale,
-                  const float* __restrict__ smooth, i64 rows, int K, float inv_qmax) {
+                  const float* __restrict__ smooth, i64 rows, int K, float inv_qmax,
+                  u32* __restrict__ ws) {
     static_assert(sizeof(Vec<Tin, VEC>) == 16, "rows are copied in 16-byte vectors");
     constexpr int THREADS = SmoothShape<TPG, VPT>::threads, SLOTS = THREADS / TPG, WARPS = THREADS / 32;
     static_assert(THREADS % TPG == 0 && (TPG <= 32 || TPG % 32 == 0), "teams of whole warps or within one");
@@ -454,10 +470,18 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
     smooth_tables<VEC, THREADS>(smooth, rcp, col, K);
     __syncthreads();
 
-    for (i64 base = (i64)blockIdx.x * SLOTS; base < rows; base += stride) {
-        const i64 r = base + slot;
+    // DYN: this team's row r_dyn, the next (n1, being copied) and the one after (n2, from
+    // the counter, known at the row's barrier). Each team's rows only grow, so a team
+    // that reaches the end has taken no row it leaves undone.
+    constexpr bool DYN = FULL && VPT >= 5 && TPG > 32;
+    __shared__ i64 next_row[2][SLOTS];
+    i64 r_dyn = (i64)blockIdx.x * SLOTS + slot, n1 = r_dyn + stride, n2 = 0;
+    u32 taken = 0u;
+    for (i64 base = (i64)blockIdx.x * SLOTS; DYN ? r_dyn < rows : base < rows;
+         base += stride, r_dyn = n1, n1 = n2) {
+        const i64 r = DYN ? r_dyn : base + slot;
         const bool live = r < rows;
-        if constexpr (FULL) {
+        if constexpr (FULL && !DYN) {
             if (!live) break;
         }
         const int held = FULL ? VPT : live ? nin : 0;
@@ -473,7 +497,8 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
         cp_async_wait_all();
         Vec<Tin, VEC> raw[VPT];
         for_held([&](int j) { raw[j] = next[j * THREADS]; });
-        prefetch(r + stride);
+        prefetch(DYN ? n1 : r + stride);
+        if (DYN && lane == 0) taken = atomicAdd(&ws[0], 1u);
 
         Vec<float, VEC> val[VPT];
         BitsMax m;
@@ -495,7 +520,9 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
         };
         // The team's maximum, and whether it must divide again: a decision of the warp
         // where teams share shuffles (teams within a warp).
-        u32 amax = team_max(mine, scratch[parity]);
+        if (DYN && lane == 0) next_row[parity][slot] = 2 * stride + taken;
+        u32 amax = team_max(mine, scratch[parity]);   // its barrier hands out next_row too
+        if (DYN) n2 = next_row[parity][slot];
         parity ^= 1;
         bool again_all = redo(amax);
         if constexpr (TPG <= 32) again_all = __any_sync(0xffffffffu, again_all);
@@ -537,6 +564,11 @@ smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restri
                                                                      div_path<ZERO_IS_ONE>(plan, amax, 0u));
     }
     cp_async_wait_all();
+    if (DYN && lane == 0) __threadfence();  // its takes from ws[0] before its count in ws[1]
+    if (DYN && lane == 0 && atomicAdd(&ws[1], 1u) == (u32)stride - 1u) {  // the last team out
+        atomicExch(&ws[0], 0u);
+        atomicExch(&ws[1], 0u);
+    }
 }
 
 // ---------------------------------------------------------------------------------------

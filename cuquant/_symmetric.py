@@ -64,8 +64,9 @@ def geometry(nvec: int, exact_teams: bool = True) -> tuple[int, int]:
 # SMOOTH_WIDE_MIN_ELEMENTS on) give rows of more than 128 vectors the smallest
 # power-of-two team that holds them at up to 7 vectors a thread (so 4-7; a 7168-element
 # bf16 row is 128 threads x 7, no slot empty); 8 spill at the 128 registers a thread has
-# with two blocks a multiprocessor. Other problems, and shorter rows, take `geometry`'s
-# teams of up to 4 vectors, which finish a row sooner: with few rows a team, that wins.
+# with a multiprocessor's 512 threads in use. Other problems, and shorter rows, take
+# `geometry`'s teams of up to 4 vectors, which finish a row sooner: with few rows a team,
+# that wins.
 # Measured on an H200, bf16, us, 4 / up to 7 vectors (benchmarks/NOTES.md): 2048 x 7168
 # 19.4 / 22.9, 4096 x 7168 32.3 / 34.0, 8192 x 7168 57.6 / 56.0, 16384 x 7168 107.7 /
 # 100.5; 1024 x 14336 21.3 / 23.5, 2048 x 14336 34.6 / 35.7, 4096 x 14336 61.5 / 59.8.
@@ -81,10 +82,13 @@ def smooth_geometry(nvec: int, wide: bool = True) -> tuple[int, int]:
     return (tpg, -(-nvec // tpg))
 
 
-def smooth_threads(tpg: int) -> int:
-    """Threads of a smooth_quant_rows block (SmoothShape in symmetric.cu): teams of 256
-    threads go two to a block, so that the two share the tables."""
-    return 512 if tpg == 256 else max(tpg, 256)
+def smooth_threads(tpg: int, vpt: int) -> int:
+    """Threads of a smooth_quant_rows block (SmoothShape in symmetric.cu), whose teams share
+    the tables: teams of several warps at 5-7 vectors a thread (128 registers) fill a
+    multiprocessor's 512 threads as one block; teams of a warp or less at 5-7 vectors go in
+    blocks of 256, two a multiprocessor, and at 4 vectors (80 registers) three, except
+    teams of 256, two to a block."""
+    return tpg if tpg >= 512 else 512 if tpg == 256 or (vpt > 4 and tpg > 32) else 256
 
 
 def smooth_geometries() -> list[tuple[int, int]]:
@@ -184,7 +188,7 @@ class Plan:
     one call of each kind from the stream and the input addresses; `_fast` keeps them as
     the replays of repeated calls."""
 
-    __slots__ = ("launch", "grid", "threads", "outputs", "args", "column_rows")
+    __slots__ = ("launch", "grid", "threads", "outputs", "args", "column_rows", "ws")
 
     def __init__(self, expr, device, nargs, grid, threads, outputs, args, smem=0):
         # The kernel is compiled only when there is work (empty inputs need none).
@@ -192,13 +196,15 @@ class Plan:
                        else None)
         self.grid, self.threads, self.outputs, self.args = grid, threads, outputs, args
         self.column_rows = 0  # rows of a column-layout scale (0: row layout)
+        self.ws = False  # smooth_quant_rows: the stream's zeroed workspace as the last argument
 
     def rows(self, stream, ptrs):
         """Row groups of x (ptrs: x, and smooth for SmoothQuant): (q, scale)."""
         q, buf = self.outputs.make()
+        ws = (_gpu.workspace(q.data.device_id, stream).data.ptr,) if self.ws else ()
         self.launch(self.grid, self.threads, stream,
                     (ptrs[0], q.data.ptr, buf.data.ptr, ptrs[1] if len(ptrs) > 1 else 0)
-                    + self.args)
+                    + self.args + ws)
         return q, (buf[:, :self.column_rows].T if self.column_rows else buf)
 
     def tensor(self, stream, ptrs):
@@ -261,7 +267,8 @@ def _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device):
     do not fit take the general row kernel."""
     outputs = _gpu.Outputs(((rows, k), _I8), ((rows,), _F32))
     expr = smooth_expr(t, vec, geom, smooth_full(k, vec, geom))
-    plan = Plan(expr, device, 7, 1, threads, outputs, (rows, k, code.inv_qmax_bits), smem=smem)
+    plan = Plan(expr, device, 8, 1, threads, outputs, (rows, k, code.inv_qmax_bits), smem=smem)
+    plan.ws = True  # rows dealt from a counter in the stream's workspace (some geometries)
     plan.grid = min(_gpu.blocks_for(rows, threads // geom[0]),
                     _gpu.resident_blocks(plan.launch.fn, device, threads, smem))
     return _gpu.remember(_plans, key, plan)
@@ -276,7 +283,7 @@ def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bi
     threads = row_threads(geom[0])
     if smooth and vec > 1 and geom[1] and rows * k >= max(SMOOTH_ROWS_MIN_ELEMENTS, 1):
         sgeom = smooth_geometry(nvec, rows * k >= SMOOTH_WIDE_MIN_ELEMENTS)
-        sthreads = smooth_threads(sgeom[0])
+        sthreads = smooth_threads(*sgeom)
         smem = smooth_shared_bytes(k, sthreads, sgeom)
         if smem <= _gpu.props(device)["smem_optin"]:
             return _smooth_plan(key, t, code, rows, k, vec, sgeom, sthreads, smem, device)

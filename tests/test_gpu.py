@@ -646,6 +646,39 @@ def test_smooth_quant_close_maxima(dtype, k, smooth_rows_kernel):
     _compare(None, host, dev, f"smooth_quant close maxima {dtype} K={k}")
 
 
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_smooth_quant_rows_from_the_counter(dtype, rng, smooth_rows_kernel, monkeypatch):
+    """Full rows of 7 vectors a thread take their rows after the first two from a counter in
+    the stream's workspace: row counts below, at and past two rows a team (the counter's
+    first rows), every kind of row (some divide again, so teams run at different paces),
+    two streams at once, each call against the NumPy backend; every workspace zeroed after."""
+    import cupy as cp
+    from cuquant import _gpu, _symmetric
+
+    picked = []
+    expr = _symmetric.smooth_expr
+    monkeypatch.setattr(_symmetric, "smooth_expr",
+                        lambda t, vec, geom, full: picked.append((geom, full)) or expr(t, vec, geom, full))
+    k = 7168
+    smooth = (rng.uniform(0.5, 2, k) * rng.choice([-1, 1], k)).astype(np.float32)
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    for rows in (1, 1000, 1057, 2500):
+        xs = [_smooth_rows(rng, rows, smooth, dtype) for _ in streams]
+        want = [cq.smooth_quant(x, smooth) for x in xs]
+        ins = [(cp.asarray(x), cp.asarray(smooth)) for x in xs]
+        cp.cuda.get_current_stream().synchronize()
+        got = [cq.smooth_quant(*a, stream=s) for a, s in zip(ins, streams)]  # both in flight
+        for s in streams:
+            s.synchronize()
+        for h, d in zip(want, got):
+            _compare(None, h, d, f"smooth_quant {dtype} {rows} x {k}")
+        dev = cp.cuda.Device().id
+        for s in streams + [cp.cuda.get_current_stream()]:
+            assert not _gpu.workspace(dev, s).any(), f"workspace left set after {rows} rows"
+    assert set(picked) == {((128, 7), True)}, picked  # the geometry that takes rows from the counter
+
+
 # ---------------------------------------------------------------------------------------
 # Layouts, families, streams
 

@@ -145,3 +145,25 @@ def test_source_ab_loads_each_folder_and_reports_fractions_of_copy(tmp_path):
     # 8 bytes in, 2 out: 10 bytes in 1 ms is 1e4 B/s, 1.25 of the copy's 8e3
     assert fractions == {"head": [1.25, 1.25], "new": [0.625, 0.625]}
     assert lines == ["case" + " " * 31 + "head 1.250/1.250  new 0.625/0.625  DIFF new output 0"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_smooth_input_plants_rows_that_divide_again(dtype):
+    import numpy as np
+    from cuquant import _registry
+
+    x, smooth = harness.smooth_input(np, np.random.default_rng(3), 20, 8, dtype, special=True)
+    (plain, plain_smooth), _ = _registry._smooth(np, np.random.default_rng(3), (20, 8), dtype)
+    assert x.dtype == plain.dtype and x.shape == (20, 8)
+    assert smooth.tobytes() == plain_smooth.tobytes()
+    f = x.astype(np.float64)
+    p = plain.astype(np.float64)
+    assert np.isnan(f[3, 5]) and np.isinf(f[7, 1]) and not f[11].any()
+    if dtype == "bfloat16":
+        assert 0 < np.abs(f[13]).max() < 1e-25
+    else:
+        assert (np.abs(f[13]) == 2.0 ** -24).all() and (np.signbit(f[13]) == np.signbit(p[13])).all()
+    huge = [17] if dtype == "bfloat16" else []
+    assert all(np.abs(f[r]).max() > 1e25 for r in huge)
+    untouched = [r for r in range(20) if r not in [3, 7, 11, 13] + huge]
+    assert f[untouched].tobytes() == p[untouched].tobytes()

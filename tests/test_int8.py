@@ -271,7 +271,7 @@ def test_smooth_rows_kernel_is_listed_and_fits():
             assert tpg * vpt >= nvec, nvec  # the team holds the whole row
             if wide and nvec > 128:  # 4-7 vectors a thread: fewer than a thread's worth empty
                 assert 4 <= vpt <= 7 and tpg * (vpt - 1) < nvec, nvec
-            threads = _symmetric.smooth_threads(tpg)
+            threads = _symmetric.smooth_threads(tpg, vpt)
             assert threads % tpg == 0 and (tpg <= 32 or tpg % 32 == 0), nvec
             if nvec * vec <= 16384:
                 assert _symmetric.smooth_shared_bytes(nvec * vec, threads, geom) <= 227 * 1024
