@@ -328,6 +328,17 @@ class SourceAB:
             out(f"copy {copy_bw / 1e12:.3f} TB/s  {name}", flush=True)
         self.copy_bw = copy_bw
 
+    @classmethod
+    def for_script(cls, script, names, **kw) -> "SourceAB":
+        """The A/B runs of a results folder's script: the variants are folders beside
+        `script`, the names given as its first argument (comma-separated; else `names`),
+        the rounds as AB_ROUNDS (default 3)."""
+        import sys
+
+        chosen = sys.argv[1].split(",") if len(sys.argv) > 1 else list(names)
+        return cls(pathlib.Path(os.path.abspath(script)).parent, chosen,
+                   rounds=int(os.environ.get("AB_ROUNDS", "3")), **kw)
+
     def use(self, name) -> None:
         """Builds from the folder `name` (kept while it is the loader's), plans afresh."""
         from cuquant import _kernels

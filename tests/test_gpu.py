@@ -646,12 +646,11 @@ def test_smooth_quant_close_maxima(dtype, k, smooth_rows_kernel):
     _compare(None, host, dev, f"smooth_quant close maxima {dtype} K={k}")
 
 
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_smooth_quant_rows_from_the_counter(dtype, rng, smooth_rows_kernel, monkeypatch):
     """Full rows of 7 vectors a thread take their rows after the first two from a counter in
-    the stream's workspace: row counts below, at and past two rows a team (the counter's
-    first rows), every kind of row (some divide again, so teams run at different paces),
+    the stream's workspace: one row, rows below and just past two rows a team (1056 for an
+    H200's 528 teams, the rows dealt before the counter's first), every kind of row (some divide again, so teams run at different paces),
     two streams at once, each call against the NumPy backend; every workspace zeroed after."""
     import cupy as cp
     from cuquant import _gpu, _symmetric

@@ -147,6 +147,19 @@ def test_source_ab_loads_each_folder_and_reports_fractions_of_copy(tmp_path):
     assert lines == ["case" + " " * 31 + "head 1.250/1.250  new 0.625/0.625  DIFF new output 0"]
 
 
+def test_source_ab_for_script_takes_names_and_rounds_from_the_command_line(tmp_path, monkeypatch):
+    script = tmp_path / "ab.py"
+    kw = dict(timer=object(), copy_bw=1.0)
+    monkeypatch.setattr("sys.argv", [str(script)])
+    monkeypatch.delenv("AB_ROUNDS", raising=False)
+    ab = harness.SourceAB.for_script(str(script), ("head", "new"), **kw)
+    assert (ab.folder, ab.names, ab.rounds) == (tmp_path, ["head", "new"], 3)
+    monkeypatch.setattr("sys.argv", [str(script), "head,b,c"])
+    monkeypatch.setenv("AB_ROUNDS", "5")
+    ab = harness.SourceAB.for_script(str(script), ("head", "new"), **kw)
+    assert (ab.folder, ab.names, ab.rounds) == (tmp_path, ["head", "b", "c"], 5)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_smooth_input_plants_rows_that_divide_again(dtype):
     import numpy as np

@@ -10,15 +10,13 @@ group opens it. With `head,a075,a125,a150`: the committed sources against the pr
 distance at 3/4, 5/4 and 3/2 of a wave (variants-distance.diff). fp16 output of 16384 x
 7168 unless said, x copy counting every input and output; every output compared with
 head's bit for bit."""
-import os, pathlib, sys
+import os, sys
 sys.path.insert(0, os.getcwd())
 import numpy as np, cupy as cp
 import cuquant
 from benchmarks import harness
 
-names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["head", "lb8", "zc", "zclb8", "zclb8p2", "zq"]
-ab = harness.SourceAB(pathlib.Path(os.path.dirname(os.path.abspath(__file__))), names,
-                      rounds=int(os.environ.get("AB_ROUNDS", "3")))
+ab = harness.SourceAB.for_script(__file__, ["head", "lb8", "zc", "zclb8", "zclb8p2", "zq"])
 report = ab.report
 rng = np.random.default_rng(0)
 

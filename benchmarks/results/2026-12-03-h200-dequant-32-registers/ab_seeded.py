@@ -2,15 +2,13 @@
 head the committed sources; hash: one multiply and an xor a word in place of Philox
 (a probe, not a generator: outputs differ); p7: Philox4x32-7. fp16 16384 x 7168 unless
 said, x copy counting x, q, scales, zeros and the reconstruction."""
-import os, pathlib, sys
+import os, sys
 sys.path.insert(0, os.getcwd())
 import numpy as np, cupy as cp
 import cuquant
 from benchmarks import harness
 
-names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["head", "hash", "p7"]
-ab = harness.SourceAB(pathlib.Path(os.path.dirname(os.path.abspath(__file__))), names,
-                      rounds=int(os.environ.get("AB_ROUNDS", "3")))
+ab = harness.SourceAB.for_script(__file__, ["head", "hash", "p7"])
 report = ab.report
 rng = np.random.default_rng(0)
 

@@ -6,27 +6,18 @@ after the tables' loads; dyn (a probe, run as `ab_smooth.py head,dyn`): teams of
 warps take their rows after the first two from a counter in a module global (one launch at
 a time only), reset by the last team out. x copy counting x, smooth, q and scale; every
 output compared with head's bit for bit."""
-import os, pathlib, sys
+import os, sys
 sys.path.insert(0, os.getcwd())
 import numpy as np, cupy as cp
 import cuquant
-from cuquant import _registry
 from benchmarks import harness
 
-names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["head", "t8", "t8f"]
-ab = harness.SourceAB(pathlib.Path(os.path.dirname(os.path.abspath(__file__))), names,
-                      rounds=int(os.environ.get("AB_ROUNDS", "3")))
+ab = harness.SourceAB.for_script(__file__, ["head", "t8", "t8f"])
 rng = np.random.default_rng(0)
 
 
 def case(label, rows, k, dtype="bfloat16", special=False):
-    (x, smooth), _ = _registry._smooth(cp, rng, (rows, k), dtype)
-    if special:   # rows that divide again: NaN, inf, zero, tiny, huge
-        x[3, 5] = np.nan
-        x[7, 1] = np.inf
-        x[11] = 0
-        x[13] = x[13] * 1e-30
-        x[17] = x[17] * 1e30 if dtype != "float16" else x[17]
+    x, smooth = harness.smooth_input(cp, rng, rows, k, dtype, special)
     ab.report(label, lambda: cuquant.smooth_quant(x, smooth), [x, smooth])
 
 

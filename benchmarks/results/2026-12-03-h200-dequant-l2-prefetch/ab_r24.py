@@ -3,15 +3,13 @@ codes and first parameters of the warp a wave (pf1: 8448 warps, 132 x 64), two w
 or half a wave (pfh) on; new: the committed form (DeepSpeed's 4-bit codes only), zc: new
 with the zero point's 4-bit codes too. fp16 output of 16384 x 7168 unless said, x copy counting every
 input and output; every output compared with head's bit for bit."""
-import os, pathlib, sys
+import os, sys
 sys.path.insert(0, os.getcwd())
 import numpy as np, cupy as cp
 import cuquant
 from benchmarks import harness
 
-names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["head", "pf1", "new", "zc"]
-ab = harness.SourceAB(pathlib.Path(os.path.dirname(os.path.abspath(__file__))), names,
-                      rounds=int(os.environ.get("AB_ROUNDS", "3")))
+ab = harness.SourceAB.for_script(__file__, ["head", "pf1", "new", "zc"])
 report = ab.report
 rng = np.random.default_rng(0)
 

@@ -9,15 +9,13 @@ block of 512; w768: w512 and blocks of 768 at 4 vectors; final_as_run: every tea
 vectors in blocks of 512 (printed as `final` when it ran); final: the library's sources.
 x copy counting x, smooth, q and scale; every output compared with the first variant's bit
 for bit. AB_WIDE=1 and AB_MORE=1 add cases."""
-import os, pathlib, sys
+import os, sys
 sys.path.insert(0, os.getcwd())
 import numpy as np, cupy as cp
 import cuquant
 from benchmarks import harness
 
-names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["head", "dyn", "dyne", "dynp", "headp"]
-ab = harness.SourceAB(pathlib.Path(os.path.dirname(os.path.abspath(__file__))), names,
-                      rounds=int(os.environ.get("AB_ROUNDS", "3")))
+ab = harness.SourceAB.for_script(__file__, ["head", "dyn", "dyne", "dynp", "headp"])
 rng = np.random.default_rng(0)
 
 # The launch's threads follow the folder's SmoothShape: head, dyn, dyne, dynp and headp as
