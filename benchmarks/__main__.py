@@ -1,11 +1,14 @@
-"""The benchmark: every declared op at the SPEC section 8 shapes, beside the copy bandwidth
-and the torch eager / torch.compile / naive CuPy baselines.
+"""The benchmark: every declared op at the benchmark's shapes, beside the copy bandwidth
+and the torch eager / torch.compile / naive CuPy baselines (method: docs/performance.md).
 
     python -m benchmarks                       # everything, torch.compile included
-    python -m benchmarks --ops quantize_int8_per_channel --no-compile
     python -m benchmarks --quick               # headline shape and small shapes only
+    python -m benchmarks --ops quantize_int8_per_channel --no-compile
 
-Writes <out>/<stamp>.md (table and environment), .csv and .png, and prints the table.
+Writes benchmark.md (table and environment), benchmark.csv and benchmark.png into
+<out>/<gpu>/ (e.g. benchmarks/results/h200/), replacing the previous run on that GPU, and
+prints the table. A run limited by --ops, --family or --dtype writes into <gpu>-partial/
+unless --tag names the folder's suffix, so that it never replaces a whole run.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import sys
 import traceback
 
@@ -39,8 +43,11 @@ def _args():
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--host-passes", type=int, default=5,
                    help="passes over the small calls' host time, 5 s apart (default 5)")
-    p.add_argument("--out", default=DEFAULT_OUT)
-    p.add_argument("--tag", default="", help="suffix of the output file names")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help="results folder; each GPU writes into its own folder under it")
+    p.add_argument("--tag", default=None,
+                   help="suffix of the GPU's folder (default: none, or 'partial' for a "
+                        "run limited by --ops, --family or --dtype)")
     return p.parse_args()
 
 
@@ -222,8 +229,7 @@ def markdown(env, copy_bw, rows) -> str:
             "the GPU idle, median of 1000 calls) in the lowest of several passes spread "
             "over the run, each pass pinned to the CPU where an empty CuPy kernel launch "
             "was quickest at the time; `empty launch us` and `CPU` are that pass's empty "
-            "launch, measured the same way right after the call's (SPEC section 8 cites "
-            "about 7.5 us), and its CPU; `host us, median pass` and `empty launch us, median` "
+            "launch, measured the same way right after the call's, and its CPU; `host us, median pass` and `empty launch us, median` "
             "are the medians over the passes, which other processes' load on the machine "
             "can slow.", "",
             "| " + " | ".join(name for _, name in COLUMNS) + " |",
@@ -231,7 +237,20 @@ def markdown(env, copy_bw, rows) -> str:
     return "\n".join(head + [_line(r) for r in rows]) + "\n"
 
 
+def _plot_label(row) -> str:
+    """A short legend label: the op, its notes up to the first ';', and its variant."""
+    label = row["op"].split(";")[0]
+    if label.count("(") > label.count(")"):
+        label += ")"
+    if row.get("variant"):
+        variant = json.loads(row["variant"])
+        label += " " + ",".join(f"{k}={v}" for k, v in variant.items())
+    return label
+
+
 def plot(rows, copy_bw, path):
+    """Effective bandwidth against bytes moved, one line per op and variant, beside the
+    copy bandwidth."""
     try:
         import matplotlib
 
@@ -239,20 +258,27 @@ def plot(rows, copy_bw, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(11, 6))
-    ops = sorted({r["op"] for r in rows if "tbps" in r})
-    for op in ops:
-        pts = sorted((r["bytes"], r["tbps"]) for r in rows if r["op"] == op and "tbps" in r)
-        ax.plot([p[0] / 1e6 for p in pts], [p[1] for p in pts], marker="o", label=op)
-    ax.axhline(copy_bw / 1e12, color="black", linestyle="--", label="device copy")
+    lines: dict = {}
+    for r in rows:
+        if "tbps" in r:
+            lines.setdefault(_plot_label(r), []).append((r["bytes"], r["tbps"]))
+    fig, ax = plt.subplots(figsize=(11, 8))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, pts) in enumerate(sorted(lines.items())):
+        pts.sort()
+        ax.plot([p[0] / 1e6 for p in pts], [p[1] for p in pts], marker="o", markersize=3,
+                linewidth=1, color=cycle[i % len(cycle)],
+                linestyle=("-", "--", ":")[i // len(cycle) % 3], label=label)
+    ax.axhline(copy_bw / 1e12, color="black", linestyle="--", linewidth=1.5,
+               label="device copy")
     ax.set_xscale("log")
     ax.set_xlabel("bytes moved per call (MB)")
     ax.set_ylabel("effective bandwidth (TB/s)")
-    ax.set_title("cuquant kernels: effective bandwidth vs size")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("cuquant kernels: effective bandwidth against size")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -267,17 +293,36 @@ def write(base: str, env, copy_bw, rows, with_plot: bool = True) -> str:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    if with_plot:
-        plot(rows, copy_bw, base + ".png")
+    # A plot left from the previous run would not match the table beside it.
+    if not (with_plot and plot(rows, copy_bw, base + ".png")) and os.path.exists(base + ".png"):
+        os.remove(base + ".png")
     return md
+
+
+def gpu_slug(name: str) -> str:
+    """A GPU's folder name: 'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' ->
+    'h100-80gb-hbm3'."""
+    words = re.sub(r"[^a-z0-9]+", " ", name.lower()).split()
+    words = [w for w in words if w not in ("nvidia", "geforce", "tesla")]
+    return "-".join(words) or "gpu"
+
+
+def results_folder(out: str, gpu: str, tag: str | None = None) -> str:
+    """The folder a run on `gpu` writes into: one per GPU (and tag) under `out`."""
+    return os.path.join(out, gpu_slug(gpu) + (f"-{tag}" if tag else ""))
 
 
 def main():
     opts = _args()
-    os.makedirs(opts.out, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
-    base_of = lambda env: os.path.join(opts.out, f"{stamp}-{env['gpu'].replace(' ', '-')}" + (  # noqa: E731
-        f"-{opts.tag}" if opts.tag else ""))
+    tag = opts.tag
+    if tag is None and (opts.ops or opts.family or opts.dtype):
+        tag = "partial"
+
+    def base_of(env):
+        folder = results_folder(opts.out, env["gpu"], tag)
+        os.makedirs(folder, exist_ok=True)
+        return os.path.join(folder, "benchmark")
+
     env, copy_bw, rows = run(opts, lambda e, c, r: write(base_of(e), e, c, r, with_plot=False))
     print(write(base_of(env), env, copy_bw, rows))
     return 1 if any("error" in r for r in rows) else 0

@@ -7,8 +7,8 @@ warp part at a branch and one side calls an out-of-line subroutine (`CALL.REL.NO
 the group-wise quantizers' `emit_unit_careful`), what the subroutine writes to a uniform
 register is what the other side's lanes read there too. A kernel compiled so that the other
 side keeps a value in a register the subroutine overwrites computes wrong results for the
-lanes that did not call: a variant of the zero-point quantizer did
-(benchmarks/NOTES.md, eleventh round). This finds such places: at each branch whose
+lanes that did not call: a variant of the zero-point quantizer did (docs/design.md,
+"Checks of the compiled kernels"). This finds such places: at each branch whose
 predicate is per lane and one of whose sides reaches a call, the uniform registers live on
 the other side (by a backward liveness pass over the function's control flow) that the
 subroutine writes.

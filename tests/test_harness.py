@@ -1,49 +1,14 @@
-"""The benchmark harness: its switch between source folders (A/B runs of kernel variants) and
-its host-time measurement (the quietest CPU, passes)."""
+"""The benchmark's host-time measurement (the quietest CPU, passes) and what it writes: one
+folder per GPU holding the latest run's table as Markdown, CSV and a plot."""
 
 import contextlib
+import csv
 import os
-import shutil
 
 import pytest
 
+from benchmarks import __main__ as bench
 from benchmarks import harness
-from cuquant import _fast, _kernels, _symmetric, groupwise
-
-
-def test_use_sources_switches_folders_and_back(tmp_path):
-    shipped = _kernels.source("symmetric.cu")
-    variant = tmp_path / "cuda_src"
-    shutil.copytree(_kernels.source_dir(), variant)
-    (variant / "symmetric.cu").write_text("// variant\n" + (variant / "symmetric.cu").read_text())
-    _symmetric._plans["stale"] = groupwise._plans["stale"] = _fast._table["stale"] = None
-    try:
-        harness.use_sources(variant)
-        assert _kernels.source("symmetric.cu") == "// variant\n" + shipped
-        assert "stale" not in _symmetric._plans and "stale" not in groupwise._plans
-        assert "stale" not in _fast._table
-    finally:
-        harness.use_sources(None)
-    assert _kernels.source("symmetric.cu") == shipped
-
-
-def test_time_variants_compares_with_the_first_and_times_each():
-    import numpy as np
-
-    class Clock:
-        def time_ms(self, fn, reps):
-            fn()
-            return {"a": 1.0, "b": 2.0, "c": 3.0}[current[0]]
-
-    current = ["a"]
-    outputs = {"a": (np.float16([1.0, -0.0]), np.uint8([3])),
-               "b": (np.float16([1.0, 0.0]), np.uint8([3])),    # -0 and +0 differ in bits
-               "c": (np.float16([1.0, -0.0]), np.uint8([3]))}
-    times, notes = harness.time_variants(
-        "abc", lambda name: current.__setitem__(0, name), lambda: outputs[current[0]],
-        Clock(), rounds=2, reps=1)
-    assert times == {"a": [1.0, 1.0], "b": [2.0, 2.0], "c": [3.0, 3.0]}
-    assert notes == ["DIFF b output 0"]
 
 
 needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
@@ -121,62 +86,59 @@ def test_host_times_keep_no_call_that_raises(monkeypatch):
     assert host.result(1)["host_passes"] == 2
 
 
-def test_source_ab_loads_each_folder_and_reports_fractions_of_copy(tmp_path):
-    import numpy as np
-
-    for name in ("head", "new"):
-        shutil.copytree(_kernels.source_dir(), tmp_path / name)
-    (tmp_path / "new" / "symmetric.cu").write_text("// new\n" + (tmp_path / "new" / "symmetric.cu").read_text())
-
-    class Clock:  # 1 ms under head, 2 ms under new
-        def time_ms(self, fn, reps):
-            fn()
-            return 2.0 if _kernels.source("symmetric.cu").startswith("// new") else 1.0
-
-    lines = []
-    try:
-        ab = harness.SourceAB(tmp_path, ["head", "new"], rounds=2, timer=Clock(), copy_bw=8e3,
-                              out=lambda line, flush: lines.append(line))
-        outputs = {False: np.uint8([1, 2]), True: np.uint8([1, 3])}
-        fractions = ab.report("case", lambda: outputs[_kernels.source("symmetric.cu").startswith("// new")],
-                              [np.zeros(2, np.float32)])
-    finally:
-        harness.use_sources(None)
-    # 8 bytes in, 2 out: 10 bytes in 1 ms is 1e4 B/s, 1.25 of the copy's 8e3
-    assert fractions == {"head": [1.25, 1.25], "new": [0.625, 0.625]}
-    assert lines == ["case" + " " * 31 + "head 1.250/1.250  new 0.625/0.625  DIFF new output 0"]
+@pytest.mark.parametrize("name, slug", [("NVIDIA H200", "h200"),
+                                        ("NVIDIA H100 80GB HBM3", "h100-80gb-hbm3"),
+                                        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+                                        ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb")])
+def test_each_gpu_has_its_own_folder(name, slug, tmp_path):
+    assert bench.gpu_slug(name) == slug
+    assert bench.results_folder(str(tmp_path), name) == str(tmp_path / slug)
+    assert bench.results_folder(str(tmp_path), name, "partial") == str(tmp_path / f"{slug}-partial")
 
 
-def test_source_ab_for_script_takes_names_and_rounds_from_the_command_line(tmp_path, monkeypatch):
-    script = tmp_path / "ab.py"
-    kw = dict(timer=object(), copy_bw=1.0)
-    monkeypatch.setattr("sys.argv", [str(script)])
-    monkeypatch.delenv("AB_ROUNDS", raising=False)
-    ab = harness.SourceAB.for_script(str(script), ("head", "new"), **kw)
-    assert (ab.folder, ab.names, ab.rounds) == (tmp_path, ["head", "new"], 3)
-    monkeypatch.setattr("sys.argv", [str(script), "head,b,c"])
-    monkeypatch.setenv("AB_ROUNDS", "5")
-    ab = harness.SourceAB.for_script(str(script), ("head", "new"), **kw)
-    assert (ab.folder, ab.names, ab.rounds) == (tmp_path, ["head", "b", "c"], 5)
+def _run_rows():
+    env = {"date": "2030-01-01 00:00 UTC", "gpu": "NVIDIA H200", "cupy": "14.2.0"}
+    rows = [{"op": "quantize_int8_per_channel", "variant": "", "dtype": "bfloat16",
+             "shape": "16384x7168", "target": 0.92, "us": 85.2, "bytes": 352321536,
+             "logical_bytes": 352321536, "tbps": 4.135, "frac_copy": 0.965, "compile_frac": 0.4},
+            {"op": "quantize_fp8_per_block", "variant": "", "dtype": "bfloat16",
+             "shape": "16384x7168", "target": 0.92, "error": "RuntimeError: out of memory"}]
+    return env, 4.286e12, rows
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_smooth_input_plants_rows_that_divide_again(dtype):
-    import numpy as np
-    from cuquant import _registry
+def test_a_run_replaces_the_previous_table_csv_and_plot(tmp_path):
+    env, copy_bw, rows = _run_rows()
+    base = str(tmp_path / "benchmark")
+    (tmp_path / "benchmark.png").write_bytes(b"the previous run's plot")
+    md = bench.write(base, env, copy_bw, rows, with_plot=False)
+    assert not (tmp_path / "benchmark.png").exists(), "a stale plot would not match the table"
+    assert (tmp_path / "benchmark.md").read_text() == md
+    assert md.startswith("# cuquant benchmark, NVIDIA H200, 2030-01-01 00:00 UTC")
+    assert "**4.286 TB/s**" in md
+    assert "| quantize_int8_per_channel |  | bfloat16 | 16384x7168 | 85.2 | 4.135 | 0.965 | 0.920 |" in md
+    assert "RuntimeError: out of memory |" in md
+    with open(tmp_path / "benchmark.csv", newline="") as f:
+        got = list(csv.DictReader(f))
+    assert [r["op"] for r in got] == ["quantize_int8_per_channel", "quantize_fp8_per_block"]
+    assert got[0]["frac_copy"] == "0.965" and got[0]["bytes"] == "352321536"
+    assert got[1]["error"] == "RuntimeError: out of memory"
 
-    x, smooth = harness.smooth_input(np, np.random.default_rng(3), 20, 8, dtype, special=True)
-    (plain, plain_smooth), _ = _registry._smooth(np, np.random.default_rng(3), (20, 8), dtype)
-    assert x.dtype == plain.dtype and x.shape == (20, 8)
-    assert smooth.tobytes() == plain_smooth.tobytes()
-    f = x.astype(np.float64)
-    p = plain.astype(np.float64)
-    assert np.isnan(f[3, 5]) and np.isinf(f[7, 1]) and not f[11].any()
-    if dtype == "bfloat16":
-        assert 0 < np.abs(f[13]).max() < 1e-25
-    else:
-        assert (np.abs(f[13]) == 2.0 ** -24).all() and (np.signbit(f[13]) == np.signbit(p[13])).all()
-    huge = [17] if dtype == "bfloat16" else []
-    assert all(np.abs(f[r]).max() > 1e25 for r in huge)
-    untouched = [r for r in range(20) if r not in [3, 7, 11, 13] + huge]
-    assert f[untouched].tobytes() == p[untouched].tobytes()
+
+def test_a_run_draws_its_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    env, copy_bw, rows = _run_rows()
+    bench.write(str(tmp_path / "benchmark"), env, copy_bw, rows)
+    assert (tmp_path / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_committed_results_are_one_run_per_gpu():
+    """benchmarks/results/ holds, for each GPU, the latest run's table in both forms."""
+    root = os.path.join(os.path.dirname(bench.__file__), "results")
+    if not os.path.isdir(root):
+        pytest.skip("no results in this tree (an sdist carries none)")
+    for name in sorted(os.listdir(root)):
+        folder = os.path.join(root, name)
+        assert os.path.isdir(folder) and name == bench.gpu_slug(name.replace("-", " ")), name
+        files = set(os.listdir(folder))
+        assert {"benchmark.md", "benchmark.csv"} <= files <= {"benchmark.md", "benchmark.csv",
+                                                             "benchmark.png"}, (name, files)
