@@ -229,8 +229,8 @@ def markdown(env, copy_bw, rows) -> str:
             "the GPU idle, median of 1000 calls) in the lowest of several passes spread "
             "over the run, each pass pinned to the CPU where an empty CuPy kernel launch "
             "was quickest at the time; `empty launch us` and `CPU` are that pass's empty "
-            "launch, measured the same way right after the call's, and its CPU; `host us, median pass` and `empty launch us, median` "
-            "are the medians over the passes, which other processes' load on the machine "
+            "launch, measured the same way right after the call's, and its CPU; "
+            "`host us, median pass` and `empty launch us, median` are the medians over the passes, which other processes' load on the machine "
             "can slow.", "",
             "| " + " | ".join(name for _, name in COLUMNS) + " |",
             "|" + "---|" * len(COLUMNS)]

@@ -92,8 +92,8 @@ def quietest_cpu(probe, calls: int = 200) -> tuple[int | None, float]:
     and that time in microseconds; `(None, time)` where threads cannot be pinned.
 
     On a shared machine a call's host time follows the load other processes put on the CPU
-    it runs on, and that load moves between CPUs within seconds. Measured on the quietest CPU, host time is the call's own work, as far as
-    one CPU can show it (`HostTimes` repeats the measurement over time)."""
+    it runs on, and that load moves between CPUs within seconds. Measured on the quietest
+    CPU, host time is the call's own work, as far as one CPU can show it (`HostTimes` repeats the measurement over time)."""
     if not hasattr(os, "sched_setaffinity"):
         return None, host_us_per_call(probe, calls=calls, rounds=1)
     times = {}

@@ -118,9 +118,10 @@ struct DeepSpeed {
 template <int BITS_, bool SYM>
 struct DeepSpeedCodes {
     static constexpr int BITS = BITS_;
-    // 4-bit codes: the warp-shared dequantizer prefetches into L2 the warp a wave on: on an
-    // H200, 0.921-0.929 -> 0.937-0.944 of copy (fp16, G=128). 8-bit codes lost 0.015 with it
-    // (benchmarks/NOTES.md, twenty-fourth round).
+    // 4-bit codes: the warp-shared dequantizer prefetches into L2 the warp a wave on. Half a
+    // byte read for every two written leaves too few loads in flight to cover the memory's
+    // latency, and the prefetch adds them without registers; 8-bit codes already have
+    // enough, and the prefetch's instructions only cost them.
     static constexpr bool L2_PREFETCH = BITS_ == 4;
     static constexpr bool SIGNED = true, LOW_FIRST = false;
     struct Params { float inv, offset; };
@@ -163,9 +164,9 @@ struct DeepSpeedCodes {
 // block_start <= b. An item has ceil(units / (DQ_THREADS * BATCH_UNROLL * BATCH_ROUNDS))
 // blocks, and a thread's units are those blocks' width apart, as in dequantize_groups.
 // A block finds its item with a binary search over the table (dependent loads), so each
-// takes BATCH_ROUNDS rounds of BATCH_UNROLL units a thread to amortize it. 64 tensors of
-// 1-4 MB on an H200, kernel alone: 160 us with one round, 135 with 4 or 8, 139-145 with
-// 16-64 (fewer blocks than the device holds at once).
+// takes BATCH_ROUNDS rounds of BATCH_UNROLL units a thread to amortize it. Fewer rounds
+// leave the search a larger share of each block's work; many more leave fewer blocks than
+// the device holds at once for a batch of tensors of a few MB.
 
 constexpr int BATCH_UNROLL = 2;   // units a thread a round, as dequantize_groups for this format
 constexpr int BATCH_ROUNDS = 8;   // also BATCH_ROUNDS in cuquant/groupwise.py

@@ -5,10 +5,10 @@
 // registers, the bytes in flight per multiprocessor are bounded by the register file, and
 // a block loading its next groups waits on its own reduction. Here the loads are bulk
 // copies (cp.async.bulk, sm_90) issued by one thread into `stages` buffers: each stage is
-// in flight while the consumers work on another, at no register cost. On an H200 the ring
-// alone streams at 0.97 of the copy bandwidth; the group-wise quantizers (a multiply per
-// element) gain from it, the symmetric ones (an exact division per element) do not, since
-// their eight consumer warps then run out of issue slots (benchmarks/NOTES.md). On chips
+// in flight while the consumers work on another, at no register cost. The ring alone
+// streams near the copy bandwidth; the group-wise quantizers (a multiply per element) gain
+// from it, the symmetric ones (an exact division per element) do not, since their eight
+// consumer warps then run out of issue slots (docs/performance.md). On chips
 // without bulk copies (sm_80, sm_89) the producer warp copies with plain loads, which is
 // correct but not faster; the host picks these kernels on sm_90 and up.
 //

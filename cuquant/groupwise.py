@@ -127,10 +127,11 @@ def quant_expr(fmt: str, t: FloatType, vec: int, geom) -> str:
 # The staged quantizer (cuda_src/staged.cuh): a producer warp keeps `stages` shared-memory
 # buffers of `stage_bytes` in flight with bulk copies while eight consumer warps quantize.
 # Taken on sm_90 and up, on the fast path, for inputs of at least `min_bytes` whose groups
-# fit one stage. The values are the best of sweeps on an H200 (benchmarks/stage_sweep.py,
-# benchmarks/NOTES.md): two 32 KB stages a block, so that three blocks share a
-# multiprocessor. Each thread holds `hold` units of a group (a caller's own choice, as the
-# zero-point format makes, or else this table's): `hold_large` for groups of
+# fit one stage. Two 32 KB stages a block let three blocks share a multiprocessor: one stage
+# in flight while the consumers work on the other, and three blocks' consumer warps to
+# cover each other's arithmetic. Other stage sizes favour one width or build and lose on
+# another, so one size serves all. Each thread holds `hold` units of a group (a caller's
+# own choice, as the zero-point format makes, or else this table's): `hold_large` for groups of
 # `large_units` units and more of 16-bit data. Groups of a size in `two_pass_units` (every
 # divisor of 32 by default; the zero-point format picks its own by rounding) take the kernel
 # that reduces a warp's groups first and writes their codes in a second pass over the
@@ -198,16 +199,15 @@ def staged_choice(units: int, t: FloatType, hold: int = 0,
 # groups of `units` 16-byte units (divisors of 32) on the fast path, on every device and
 # ahead of the staged kernel: a warp holds `units_per_lane` units a lane, reduces its
 # groups by shuffles, prepares up to 32 groups at once (a lane each) and encodes from its
-# registers, without the staged kernels' shared-memory ring. On an H200 (fp16 16384 x 7168,
-# benchmarks/tile_sweep.py, benchmarks/NOTES.md) it took every such group size from the
-# staged kernel's 0.78-0.93 of copy to 0.95-0.98 for DeepSpeed's format and INT4, and the
-# zero point's from 0.83-0.87 to 0.88-0.90; 8 units a lane was best or within 0.01 of it
-# almost everywhere (16 lost 0.1 for seeded rounding, whose registers then spill).
+# registers, without the staged kernels' shared-memory ring: no producer warp, no barrier
+# between a stage's arrival and its consumers, and a group's reduction in shuffles. 8 units
+# a lane keep enough bytes in flight a warp; 16 would spill seeded rounding's registers.
 # The grid: persistent for DeepSpeed's format (a warp takes many tiles, the next one
-# loaded while it encodes the last: G=128 0.95 -> 0.96), one tile a warp for the zero
-# point, whose three outputs measured 0.90 -> 0.955 that way and DeepSpeed's 0.96 ->
-# 0.885-0.95 (`persistent_tiles` of quantize_plan). "max_blocks" caps the grid (None: no
-# cap), so that tests can make each warp take many tiles on small inputs.
+# loaded while it encodes the last, which hides the load behind the arithmetic); one tile
+# a warp for the zero point, whose three outputs keep a warp's registers too busy for a
+# second tile, so that more resident warps cover each other's waits instead
+# (`persistent_tiles` of quantize_plan). "max_blocks" caps the grid (None: no cap), so
+# that tests can make each warp take many tiles on small inputs.
 TILES = {"on": True, "units": (2, 4, 8, 16, 32), "units_per_lane": 8, "max_blocks": None}
 TILE_THREADS = 256
 TILE_MAX_GROUPS = 64  # a tile's groups, as many as the kernel's shared-memory tables hold
@@ -227,9 +227,9 @@ def quant_tile_expr(fmt: str, t: FloatType, geom) -> str:
 
 # The quantizer for small groups off the fast path (quantize_groups_small in groups.cuh):
 # a block takes 256 groups, a thread each, through shared memory, where the general kernel
-# reads a group with a team of threads an element each. On an H200 (fp16 16384 x 7180,
-# G=20, benchmarks/NOTES.md) DeepSpeed's format went from 0.095 / 0.066 of copy (8 / 4
-# bits) to 0.65 / 0.59, the zero point's from 0.085 to 0.60. Taken where a block's groups
+# reads a group with a team of threads an element each, whose loads are narrow and whose
+# lanes idle while a group's statistics are reduced; here the block's elements come in
+# with coalesced 16-byte loads and each thread works a whole group. Taken where a block's groups
 # fit SMALL["smem"] bytes of shared memory (G <= 63 for 16-bit inputs, 38 for float32),
 # without asking the device for more.
 SMALL = {"on": True, "smem": 48 * 1024}
@@ -491,9 +491,9 @@ def _quant_staged_plan(src, fmt, t, g, hold, two_pass_units, device):
     return plan
 
 
-# Units a dequantizing thread has in flight where each unit loads its own parameters
-# (measured fastest on an H200: 2 against 4 and 1 for this format, in the spanning kernel
-# too; also the batched kernel's BATCH_UNROLL in groupwise.cu).
+# Units a dequantizing thread has in flight where each unit loads its own parameters: one
+# leaves too few loads in flight, four cost registers and with them resident warps (in the
+# spanning kernel too; also the batched kernel's BATCH_UNROLL in groupwise.cu).
 DQ_UNROLL = 2
 BATCH_ROUNDS = 8  # rounds of DQ_UNROLL units a thread of the batched kernel (groupwise.cu)
 DQ_THREADS = 256
