@@ -496,8 +496,10 @@ __device__ __forceinline__ CodeVec<CodeInt8, N> int8_codes_of_magic(const float*
 }
 
 // Codes of quotients q = a / scale on the fast path of a dynamic scale: finite, and
-// |q| < 127.5 for int8 (|a| <= amax), so no clamp and no NaN test is needed; fp8's sign is
-// taken from a (the scale is positive) and its satfinite conversion is the clamp.
+// |q| < 127.5 for int8 where the scale is normal (|a| <= amax, and amax * f32(1/127) is
+// then within 2**-23 of amax / 127; callers clamp int8 quotients where it may be
+// subnormal), so no NaN test is needed; fp8's sign is taken from a (the scale is
+// positive) and its satfinite conversion is the clamp.
 template <typename Code, int N>
 __device__ __forceinline__ CodeVec<Code, N> encode_fast(const float* q, const float* a) {
     if constexpr (IsSame<Code, CodeInt8>::value) {

@@ -27,10 +27,12 @@ __device__ __forceinline__ CodeVec<Code, VEC> quantize_vec_div(const Vec<Tin, VE
     return encode_vec<Code, VEC>(f);
 }
 
-// A scale that came from the group's own maximum: |x / scale| <= 448 (1 + 2**-23). SCALED
-// prescales the dividends; CORR is the number of Newton corrections (common.cuh). CLAMP
-// (int8 only) clamps the quotients to [-127, 127] first, for a given scale, where they may
-// be larger but are finite (quantize_static).
+// A scale that came from the group's own maximum: |x / scale| <= 448 (1 + 2**-23) while the
+// scale is normal. SCALED prescales the dividends; CORR is the number of Newton corrections
+// (common.cuh). CLAMP (int8 only) clamps the quotients to [-127, 127] first, where they may
+// be larger but are finite: a given scale (quantize_static), or a scale that rounded down
+// into the subnormals (amax * f32(1/127) of 190 units of 2**-149 is 1 unit, and 190 / 1
+// would wrap as a code).
 template <typename Tin, typename Code, int VEC, bool SCALED, int CORR, bool CLAMP = false>
 __device__ __forceinline__ CodeVec<Code, VEC> quantize_vec_fast(const Vec<Tin, VEC>& x,
                                                                 const DivPlan& p) {
@@ -47,8 +49,9 @@ __device__ __forceinline__ CodeVec<Code, VEC> quantize_vec_fast(const Vec<Tin, V
 
 // How a group's quotients are computed: FAST (no prescale, the fewest corrections the
 // values and scale allow), GENERAL (prescaled, two corrections: tiny scales, and scales
-// set by the eps floor, which the one-correction check does not cover), EXACT (div.rn:
-// scale 0, inf, NaN).
+// set by the eps floor, which the one-correction check does not cover; int8 clamps there,
+// since a subnormal scale is rounded by up to half its size), EXACT (div.rn: scale 0,
+// inf, NaN). fp8 needs no clamp on any path: its conversion saturates.
 enum DivPath { PATH_FAST = 0, PATH_GENERAL = 1, PATH_EXACT = 2 };
 template <int P> struct PathTag { static constexpr int value = P; };
 
@@ -65,14 +68,17 @@ __device__ __forceinline__ int div_path(const DivPlan& p, u32 amax_bits, u32 eps
     return PATH_FAST;
 }
 
-template <int PATH, int CORR, typename Tin, typename Code, int VEC>
+// ROUNDED: the scale was rounded to a 16-bit type after it was computed from the group's
+// maximum (scale_dtype), so int8 quotients may pass 127 on the fast path too.
+template <int PATH, int CORR, typename Tin, typename Code, int VEC, bool ROUNDED = false>
 __device__ __forceinline__ CodeVec<Code, VEC> quantize_vec_on(const Vec<Tin, VEC>& x, const DivPlan& p) {
+    constexpr bool INT8 = IsSame<Code, CodeInt8>::value;
     if constexpr (PATH == PATH_EXACT) {
         return quantize_vec_div<Tin, Code, VEC>(x, p.b_orig);
     } else if constexpr (PATH == PATH_GENERAL) {
-        return quantize_vec_fast<Tin, Code, VEC, true, 2>(x, p);
+        return quantize_vec_fast<Tin, Code, VEC, true, 2, INT8>(x, p);
     } else {
-        return quantize_vec_fast<Tin, Code, VEC, false, CORR>(x, p);
+        return quantize_vec_fast<Tin, Code, VEC, false, CORR, INT8 && ROUNDED>(x, p);
     }
 }
 
@@ -113,7 +119,7 @@ load_group_vec(const Tin* x, const float* smooth) {
 
 // Codes of the vectors a thread holds of a group (its share of [0, len), TPG threads a
 // group) against the group's divisor plan, on the division path `path` picks.
-template <typename Tv, typename Code, int RULE, int VEC, int TPG, int NV>
+template <typename Tv, typename Code, int RULE, int VEC, int TPG, int NV, bool ROUNDED = false>
 __device__ __forceinline__ void store_held_codes(typename Code::T* qg, const Vec<Tv, VEC> (&val)[NV],
                                                  int len, int lane, const DivPlan& plan, int path) {
     on_path(path, [&](auto tag) {
@@ -121,7 +127,8 @@ __device__ __forceinline__ void store_held_codes(typename Code::T* qg, const Vec
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
             const int e = (lane + j * TPG) * VEC;
-            if (e < len) store_code_vec<Code, VEC>(qg + e, quantize_vec_on<P, CORR, Tv, Code, VEC>(val[j], plan));
+            if (e < len)
+                store_code_vec<Code, VEC>(qg + e, quantize_vec_on<P, CORR, Tv, Code, VEC, ROUNDED>(val[j], plan));
         }
     });
 }
@@ -148,12 +155,14 @@ template <int TPG, int VPT, bool SMOOTH> struct RowGroupShape {
 // may be shorter). A run of TPG threads owns one group, each thread VPT vectors of it,
 // held in registers; the grid covers the groups once (a grid-stride loop covers the rest
 // of very large inputs). VPT == 0 streams groups too long to hold (two reads). SMOOTH
-// divides x by smooth[k] first (G must then be K).
-template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, bool SMOOTH>
+// divides x by smooth[k] first (G must then be K). TS is the scale's stored type: a 16-bit
+// TS rounds each scale to it (nearest even) and the codes are computed against the scale
+// as stored, so that a reader multiplying by it gets exactly the dequantized values.
+template <typename Tin, typename Code, int RULE, int VEC, int TPG, int VPT, bool SMOOTH, typename TS = float>
 __global__ void __launch_bounds__(RowGroupShape<TPG, VPT, SMOOTH>::threads,
                                   RowGroupShape<TPG, VPT, SMOOTH>::min_blocks)
 quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
-                    float* __restrict__ scale, const float* __restrict__ smooth,
+                    TS* __restrict__ scale, const float* __restrict__ smooth,
                     i64 rows, i64 K, i64 G, i64 groups_per_row, u32 gpr_magic, u32 gpr_shift,
                     i64 scale_row_stride, i64 scale_group_stride, i64 scale_pad_rows,
                     float inv_qmax, float eps) {
@@ -211,24 +220,25 @@ quantize_row_groups(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
             amax = group_max<TPG>(acc.bits(), scratch);
         }
 
-        const float s = scale_from_amax<RULE>(amax, inv_qmax, eps_bits);
+        constexpr bool ROUNDED = !IsSame<TS, float>::value;
+        const float s = to_f32(from_f32<TS>(scale_from_amax<RULE>(amax, inv_qmax, eps_bits)));
         if (len > 0 && lane == 0) {
             const i64 sidx = r * scale_row_stride + g * scale_group_stride;
-            scale[sidx] = s;
+            scale[sidx] = from_f32<TS>(s);
             if (r == rows - 1) {  // the column layout's padding rows
 #pragma unroll 1
-                for (i64 p = 1; p <= scale_pad_rows; ++p) scale[sidx + p * scale_row_stride] = 0.0f;
+                for (i64 p = 1; p <= scale_pad_rows; ++p) scale[sidx + p * scale_row_stride] = from_f32<TS>(0.0f);
             }
         }
         const DivPlan plan = plan_division(s);
         const int path = div_path<RULE>(plan, amax, eps_bits);
         if constexpr (VPT > 0) {
-            store_held_codes<Tv, Code, RULE, VEC, TPG, NV>(qg, val, (int)len, lane, plan, path);
+            store_held_codes<Tv, Code, RULE, VEC, TPG, NV, ROUNDED>(qg, val, (int)len, lane, plan, path);
         } else {
             on_path(path, [&](auto tag) {
                 constexpr int P = decltype(tag)::value, CORR = FastCorrections<Tv, RULE>::value;
                 for_each_streamed<4, TPG, VEC>(len, lane, stream_load, [&](const Vec<Tv, VEC>& v, i64 e) {
-                    store_code_vec<Code, VEC>(qg + e, quantize_vec_on<P, CORR, Tv, Code, VEC>(v, plan));
+                    store_code_vec<Code, VEC>(qg + e, quantize_vec_on<P, CORR, Tv, Code, VEC, ROUNDED>(v, plan));
                 });
             });
         }

@@ -13,7 +13,7 @@ from ._dtypes import E4M3, FLOATS, INT8, float_type_named
 
 __all__ = ["HOST", "In", "intake", "same_place", "host_results", "run_gpu", "stream_of",
            "contiguous", "scale_argument", "code_input", "out_dtype", "dequant_args",
-           "check_one_value", "v", "FLOATS"]
+           "check_one_value", "scale_type_of", "v", "FLOATS"]
 
 _CODE_DTYPES = {
     INT8.name: {np.dtype(np.int8): INT8.name},
@@ -54,6 +54,16 @@ def code_input(a: In, op: str, arg: str, code) -> None:
 
 def out_dtype(dtype, op: str):
     return float_type_named(dtype, op, "dtype")
+
+
+def scale_type_of(scale_dtype, t, op: str):
+    """The stored type of a quantizer's scales: float32, or the input's own type t (the
+    scale rounded to it, as checkpoints in a model's dtype store it)."""
+    st = float_type_named(scale_dtype, op, "scale_dtype")
+    if st is not FLOATS["float32"] and st is not t:
+        raise ValueError(f"{op}: scale_dtype must be float32 or the input's dtype ({t.name}); "
+                         f"got {st.name}")
+    return st
 
 
 def dequant_args(op: str, q, scale, dtype, stream, code):

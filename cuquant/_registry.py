@@ -74,6 +74,8 @@ def float_input(xp, rng, shape, dtype, *, scale_rows=True):
 
 
 def _x(xp, rng, shape, dtype, **kw):
+    if kw.get("scale_dtype") == "input":  # scales stored in the input's own dtype
+        kw = dict(kw, scale_dtype=np.dtype(FLOATS[str(dtype)].numpy).name)
     return (float_input(xp, rng, shape, dtype),), kw
 
 
@@ -239,7 +241,7 @@ OPS: list[Op] = [
     Op("quantize_int8_per_tensor", "int8", "quantize", F, _static, notes="static scale",
        torch_ref=None),
     Op("quantize_int8_per_channel", "int8", "quantize", F, _x, torch_ref=t_int8_rows,
-       cupy_ref=c_int8_rows),
+       cupy_ref=c_int8_rows, variants=({}, {"scale_dtype": "input"})),
     Op("quantize_int8_per_block", "int8", "quantize", F, _x,
        variants=tuple({"block_size": b} for b in (32, 64, 128, 256)),
        bench_variants=({"block_size": 128},), torch_ref=t_int8_block),
@@ -258,7 +260,7 @@ OPS: list[Op] = [
        fp8_outputs=(0,)),
     Op("quantize_fp8_per_tensor", "fp8", "quantize", F, _static, notes="static scale",
        fp8_outputs=(0,)),
-    Op("quantize_fp8_per_row", "fp8", "quantize", F, _x,
+    Op("quantize_fp8_per_row", "fp8", "quantize", F, _x, variants=({}, {"scale_dtype": "input"}),
        shapes=TEST_SHAPES_2D + ((2, 3, 4, 64), (3, 0)), torch_ref=t_fp8_rows, fp8_outputs=(0,)),
     Op("quantize_fp8_per_token_group", "fp8", "quantize", F, _x,
        variants=tuple({"group_size": g, "scale_layout": lay, "scale_format": fmt}

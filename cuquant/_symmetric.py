@@ -17,7 +17,7 @@ import numpy as np
 from . import _gpu, _kernels
 from ._arrays import cupy_module
 from ._fast import offer
-from ._dtypes import E4M3, FLOATS, INT8, CodeType, FloatType
+from ._dtypes import E4M3, FLOAT32, FLOATS, INT8, CodeType, FloatType
 from ._op import contiguous
 
 SRC = "symmetric.cu"
@@ -109,9 +109,17 @@ def _b(v: bool) -> str:
     return "true" if v else "false"
 
 
-def row_groups_expr(t: FloatType, code: CodeType, rule: int, vec: int, geom, smooth: bool) -> str:
+# (code, rule) of the row kernels that can store their scales in the input's 16-bit type
+# (scale_dtype): per channel, per row.
+ROUNDED_SCALE_KINDS = ((INT8, ZERO_IS_ONE), (E4M3, FLOOR_EPS))
+
+
+def row_groups_expr(t: FloatType, code: CodeType, rule: int, vec: int, geom, smooth: bool,
+                    scale_type: FloatType = FLOAT32) -> str:
     tpg, vpt = geom
-    return f"cq::quantize_row_groups<{t.cxx}, {code.cxx}, {rule}, {vec}, {tpg}, {vpt}, {_b(smooth)}>"
+    ts = "" if scale_type is FLOAT32 else f", {scale_type.cxx}"
+    return (f"cq::quantize_row_groups<{t.cxx}, {code.cxx}, {rule}, {vec}, {tpg}, {vpt}, "
+            f"{_b(smooth)}{ts}>")
 
 
 def smooth_full(k: int, vec: int, geom) -> bool:
@@ -158,6 +166,10 @@ def specializations():
             for code, rule, smooth in ROW_GROUP_KINDS:
                 for geom in geometries(exact_teams=not smooth):
                     yield SRC, row_groups_expr(t, code, rule, vec, geom, smooth)
+            if t is not FLOAT32:
+                for code, rule in ROUNDED_SCALE_KINDS:
+                    for geom in geometries():
+                        yield SRC, row_groups_expr(t, code, rule, vec, geom, False, t)
             if vec > 1:
                 for geom in smooth_geometries():
                     for full in (False, True) if geom[0] >= 32 else (False,):
@@ -275,7 +287,7 @@ def _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device):
 
 
 def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bits, layout,
-                     q_shape, scale_shape, device):
+                     q_shape, scale_shape, scale_type, device):
     vec = t.vector_width if aligned and k % t.vector_width == 0 else 1
     gpr = -(-k // group)
     nvec = -(-min(group, k) // vec)
@@ -295,10 +307,12 @@ def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bi
         srs, sgs, pad = 1, m4, m4 - rows
     else:
         outputs = _gpu.Outputs((q_shape, _code_dtype(code)),
-                               (scale_shape if scale_shape is not None else (rows, gpr), _F32))
+                               (scale_shape if scale_shape is not None else (rows, gpr),
+                                scale_type.numpy))
         srs, sgs, pad = gpr, 1, 0
     grid = min(-(-(rows * gpr) // max(threads // geom[0], 1)), 1 << 20) if rows and k else 0
-    plan = Plan(row_groups_expr(t, code, rule, vec, geom, smooth), device, 15, grid, threads,
+    plan = Plan(row_groups_expr(t, code, rule, vec, geom, smooth, scale_type), device, 15, grid,
+                threads,
                 outputs, (rows, k, group, gpr, magic, shift, srs, sgs, pad, code.inv_qmax_bits,
                           eps_bits))
     plan.column_rows = rows if layout == "column" else 0
@@ -307,21 +321,24 @@ def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bi
 
 def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
                         eps_bits: int = 0, smooth=None, scale_layout: str = "row",
-                        scale_shape=None, q_shape=None):
+                        scale_shape=None, q_shape=None, scale_type: FloatType = FLOAT32):
     """x: C-contiguous [rows, K]. Returns (q [rows, K], scale [rows, ceil(K/group)]) where
     scale is a strided view of a [groups, round_up(rows, 4)] buffer for layout "column"
     (its padding rows zero); `q_shape` and `scale_shape` allocate the outputs in other
-    shapes of the same sizes. eps_bits is the float32 floor of FLOOR_EPS rules, as bits."""
+    shapes of the same sizes. eps_bits is the float32 floor of FLOOR_EPS rules, as bits.
+    `scale_type` other than float32 (t itself, for ROUNDED_SCALE_KINDS) stores the scales
+    rounded to it, the codes computed against them."""
     rows, k = x.shape
     xp = x.data.ptr
     sp = 0 if smooth is None else smooth.data.ptr
     key = ("rows", t.name, code.name, rule, rows, k, group, (xp | sp) % 16 == 0,
-           smooth is not None, eps_bits, scale_layout, q_shape, scale_shape, x.data.device_id)
+           smooth is not None, eps_bits, scale_layout, q_shape, scale_shape, scale_type.name,
+           x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         plan = _row_groups_plan(key, t, code, rule, rows, k, group, (xp | sp) % 16 == 0,
                                 smooth is not None, eps_bits, scale_layout, q_shape, scale_shape,
-                                x.data.device_id)
+                                scale_type, x.data.device_id)
     if not plan.grid:
         q, buf = plan.outputs.make()
         return q, (buf[:, :rows].T if scale_layout == "column" else buf)
@@ -443,22 +460,25 @@ def run_tensor(stream, x, t: FloatType, code: CodeType, value=None, device_scale
     return quantize_static(stream, contiguous(x), t, code, value, device_scale), code is E4M3
 
 
-def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=NO_EPS, smooth=None):
-    """One group per row of the last axis (any rank); the scale has shape x.shape[:-1]."""
+def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=NO_EPS, smooth=None,
+             scale_type: FloatType = FLOAT32):
+    """One group per row of the last axis (any rank); the scale has shape x.shape[:-1], of
+    `scale_type` (float32, or t for ROUNDED_SCALE_KINDS)."""
     shape = x.shape
     k = shape[-1]
     if k == 0:  # an empty row's amax is 0
         from ._numpy import _core
 
         fill = (_core.scale_zero_is_one(np.zeros(1, np.float32), code) if rule == ZERO_IS_ONE
-                else _core.scale_floor(np.zeros(1, np.float32), eps, code))[0]
+                else _core.scale_floor(np.zeros(1, np.float32), eps, code))
         cp = cupy_module()
         return (cp.empty(shape, dtype=_code_dtype(code)),
-                cp.full(shape[:-1], fill, dtype=np.float32)), code is E4M3
+                cp.full(shape[:-1], fill.astype(scale_type.numpy)[0], dtype=scale_type.numpy)
+                ), code is E4M3
     x = contiguous(x)
     return quantize_row_groups(stream, x if len(shape) == 2 else x.reshape(-1, k), t, code, rule,
                                k, _f32_bits(eps), None if smooth is None else contiguous(smooth),
-                               "row", shape[:-1], shape), code is E4M3
+                               "row", shape[:-1], shape, scale_type), code is E4M3
 
 
 def _f32_bits(v) -> int:

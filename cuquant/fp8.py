@@ -13,7 +13,7 @@ from . import _numpy, _symmetric
 from ._fast import replayable
 from ._dtypes import E4M3
 from ._op import (HOST, check_one_value, dequant_args, host_results, intake,
-                  run_gpu, scale_argument, stream_of, v)
+                  run_gpu, scale_argument, scale_type_of, stream_of, v)
 
 GROUP_SIZES = (32, 64, 128, 256)
 SCALE_LAYOUTS = ("row", "column")
@@ -58,19 +58,22 @@ def quantize_fp8_per_tensor(x, scale=None, *, stream=None):
 
 
 @replayable
-def quantize_fp8_per_row(x, *, stream=None):
+def quantize_fp8_per_row(x, *, scale_dtype="float32", stream=None):
     """Quantize each row (last axis) to float8_e4m3fn: the seed's FP8QuantFwdOp on
     ``[B, S, G, D]``, any rank >= 1.
 
     Parameters
     ----------
     x : array [..., D], float16, bfloat16 or float32
+    scale_dtype : "float32" (default) or x's own dtype
+        The stored type of the scales. In x's 16-bit dtype each scale is rounded to it,
+        nearest even, and the codes are computed against the rounded scale.
     stream : optional
 
     Returns
     -------
     q : float8_e4m3fn array, shape of x
-    scale : float32 array, shape ``x.shape[:-1]``
+    scale : array of `scale_dtype`, shape ``x.shape[:-1]``
         ``max(amax(|row|), f32(1e-4)) * f32(1/448)``.
     """
     op = "quantize_fp8_per_row"
@@ -78,9 +81,11 @@ def quantize_fp8_per_row(x, *, stream=None):
     a = intake(x, op, "x", s)
     t = v.check_float(a, op, "x")
     v.check_min_ndim(a, op, "x", 1, "[..., D]")
+    st = scale_type_of(scale_dtype, t, op)
     if a.device == HOST:
-        return host_results(a, _numpy.quantize_fp8_per_row(a.data))
-    return run_gpu(a, s, _symmetric.run_rows, a.data, t, E4M3, _symmetric.FLOOR_EPS, ROW_EPS)
+        return host_results(a, _numpy.quantize_fp8_per_row(a.data, st))
+    return run_gpu(a, s, _symmetric.run_rows, a.data, t, E4M3, _symmetric.FLOOR_EPS, ROW_EPS,
+                   None, st)
 
 
 

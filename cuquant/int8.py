@@ -11,7 +11,7 @@ from . import _numpy, _symmetric
 from ._fast import replayable
 from ._dtypes import FLOATS, INT8
 from ._op import (HOST, check_one_value, dequant_args, host_results, intake,
-                  run_gpu, same_place, scale_argument, stream_of, v)
+                  run_gpu, same_place, scale_argument, scale_type_of, stream_of, v)
 
 BLOCK_SIZES = (32, 64, 128, 256)
 
@@ -63,18 +63,22 @@ def quantize_int8_per_tensor(x, scale=None, *, stream=None):
 
 
 @replayable
-def quantize_int8_per_channel(w, *, stream=None):
+def quantize_int8_per_channel(w, *, scale_dtype="float32", stream=None):
     """Quantize each row (output channel) of a weight to int8 against its own scale.
 
     Parameters
     ----------
     w : array [N, K], float16, bfloat16 or float32
+    scale_dtype : "float32" (default) or w's own dtype
+        The stored type of the scales. In w's 16-bit dtype (as checkpoints in a model's
+        dtype keep them) each scale is rounded to it, nearest even, and the codes are
+        computed against the rounded scale: ``q = clamp(rne(w / f32(scale)), -127, 127)``.
     stream : optional, as in `quantize_int8_per_tensor`
 
     Returns
     -------
     q : int8 array [N, K]
-    scale : float32 array [N]
+    scale : array [N] of `scale_dtype`
         ``amax(|w[n]|) * f32(1/127)``, or 1.0 for an all-zero (or empty) row.
     """
     op = "quantize_int8_per_channel"
@@ -82,9 +86,11 @@ def quantize_int8_per_channel(w, *, stream=None):
     a = intake(w, op, "w", s)
     t = v.check_float(a, op, "w")
     v.check_ndim(a, op, "w", 2, "[N, K]")
+    st = scale_type_of(scale_dtype, t, op)
     if a.device == HOST:
-        return host_results(a, _numpy.quantize_int8_per_channel(a.data))
-    return run_gpu(a, s, _symmetric.run_rows, a.data, t, INT8, _symmetric.ZERO_IS_ONE)
+        return host_results(a, _numpy.quantize_int8_per_channel(a.data, st))
+    return run_gpu(a, s, _symmetric.run_rows, a.data, t, INT8, _symmetric.ZERO_IS_ONE,
+                   _symmetric.NO_EPS, None, st)
 
 
 

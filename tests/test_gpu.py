@@ -863,6 +863,130 @@ def test_static_device_scale():
 
 
 # ---------------------------------------------------------------------------------------
+# Scales that round down: amax * f32(1/qmax) in the subnormals is rounded by up to half its
+# size, so quotients pass qmax (an amax of 190 units of 2**-149 gives an int8 scale of one
+# unit and a quotient of 190, which must clamp to 127).
+
+_SMALLEST = {"float32": 2.0 ** -149, "bfloat16": 2.0 ** -133, "float16": 2.0 ** -24}
+
+
+def rounded_down_amaxes() -> list[int]:
+    """Amaxes in units of the smallest subnormal: 190 and 671 (int8's and fp8's scales of
+    one unit, rounded down by a third), and for each power of two 2**j the largest amax
+    whose scale rounds to 2**j - 1 units (just below the power), and one unit less."""
+    out = {190, 191, 671, 672}
+    for j in range(1, 24):
+        for qmax in (127, 448):
+            a = int(np.floor((2 ** j - 0.5) * qmax))
+            out.update((a, a - 1))
+    return sorted(out)
+
+
+def _tiny_rows(shape, dtype, amaxes, rng) -> np.ndarray:
+    """x of `shape` (rows along the last axis) whose row r holds integers in [-A, A] units
+    of the dtype's smallest subnormal, A = amaxes[r % len], with +-A at every 32nd element
+    (so every group, block and tile of the row has that amax)."""
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    k = shape[-1]
+    a = np.array([amaxes[r % len(amaxes)] for r in range(rows)], np.float64)[:, None]
+    x = np.floor(rng.uniform(-1, 1, size=(rows, k)) * (a + 1))
+    x = np.clip(x, -a, a)
+    x[:, ::32] = a * rng.choice([-1.0, 1.0], size=x[:, ::32].shape)
+    x = (x * _SMALLEST[dtype]).astype(np.float32)  # float32 first: exact up to 2**24 units
+    return x.astype(FLOATS[dtype].numpy).reshape(shape)
+
+
+def _shape_with_most_rows(op):
+    shapes = [s for s in op.shapes if len(s) >= 2 and 0 < int(np.prod(s)) <= 1 << 21]
+    return max(shapes, key=lambda s: (int(np.prod(s[:-1])), int(np.prod(s))))
+
+
+ROUNDING_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@pytest.mark.parametrize("op", QUANTIZERS, ids=[_name(o) for o in QUANTIZERS])
+def test_scales_that_round_down(op, rng):
+    """Every quantizer, every variant, in every dtype it takes: rows whose scales land in
+    the subnormals and round down (float32 reaches the int8 and fp8 cases of a few units;
+    bfloat16 and float16 the smallest amaxes they hold), against the NumPy backend."""
+    amaxes = rounded_down_amaxes()
+    per_tensor = "per_tensor" in op.name
+    for dtype in (d for d in ROUNDING_DTYPES if d in op.dtypes):
+        for variant in op.variants:
+            shape = (8, 256) if per_tensor else _shape_with_most_rows(op)
+            rows = int(np.prod(shape[:-1]))
+            # per tensor: one amax a call; otherwise one a row, as many calls as it takes
+            runs = [[a] for a in amaxes] if per_tensor else [
+                amaxes[i:i + rows] for i in range(0, len(amaxes), rows)]
+            for run in runs:
+                args, kwargs = op.make(np, rng, shape, dtype, **variant)
+                args = (_tiny_rows(shape, dtype, run, rng),) + tuple(args[1:])
+                host, dev = _run_both(op, args, kwargs)
+                _compare(op, host, dev, f"{op.name} {dtype} {variant} amaxes {run[0]}..")
+
+
+def test_subnormal_scale_codes_clamp_on_the_gpu():
+    """The reported case: an amax of 190 units of 2**-149 at 64 x 1024, float32. The scale is
+    one unit; 190 / 1 must give 127, not the wrapped -66."""
+    x = np.zeros((64, 1024), np.float32)
+    x[:, ::64] = np.float32(190 * 2.0 ** -149)
+    x[:, 1::64] = -x[:, ::64]
+    import cupy as cp
+
+    for fn in (cq.quantize_int8_per_tensor, cq.quantize_int8_per_channel,
+               cq.quantize_int8_per_block):
+        q, s = fn(cp.asarray(x))
+        assert int(s.view(cp.uint32).max().get()) == 1, fn.__name__
+        q = q.get()
+        assert (q[:, ::64] == 127).all() and (q[:, 1::64] == -127).all(), fn.__name__
+
+
+# TileOPs' edge inputs for its quantize ops: all-zero rows and blocks, rounding ties,
+# storage one element off a 16-byte boundary, K of 3, 264 and 999, a partial last block, a
+# scale that underflows to zero, and 1497 x 4995 for the per-tensor kernel.
+
+def _tileops_edges(op, dtype, shape, rng, variant):
+    args, kwargs = op.make(np, rng, shape, dtype, **variant)
+    x = args[0].astype(np.float32)
+    m, k = x.shape
+    x[0] = 0.0                                   # an all-zero row
+    x[1, : min(k, 32)] = 0.0                     # an all-zero first block
+    if m > 2:                                    # ties: amax 127 (scale 1), halves between
+        x[2] = np.resize(np.arange(-63.5, 64.0, 0.5, dtype=np.float32), k)
+        x[2, 0] = 127.0
+    if m > 3:                                    # a scale that underflows to zero
+        x[3] = 0.0
+        x[3, 0] = np.float32(2.0 ** -149) if dtype == "float32" else 0.0
+    return (x.astype(FLOATS[dtype].numpy),) + tuple(args[1:]), kwargs
+
+
+TILEOPS_OPS = [op for op in SYMMETRIC_QUANTIZERS]
+
+
+@pytest.mark.parametrize("op", TILEOPS_OPS, ids=[_name(o) for o in TILEOPS_OPS])
+def test_tileops_edge_inputs(op, rng):
+    shapes = [(5, 3), (9, 264), (17, 999), (33, 4096 + 77)]
+    if "per_tensor" in op.name:
+        shapes.append((1497, 4995))
+    for dtype in op.dtypes:
+        for variant in op.variants:
+            for shape in shapes:
+                args, kwargs = _tileops_edges(op, dtype, shape, rng, variant)
+                host, dev = _run_both(op, args, kwargs)
+                _compare(op, host, dev, f"{op.name} {dtype} {shape} {variant}")
+                # The same input starting one element off a 16-byte boundary.
+                import cupy as cp
+
+                x = args[0]
+                buf = cp.empty(x.size + 1, dtype=x.dtype)
+                off = buf[1:].reshape(x.shape)
+                off[...] = cp.asarray(x)
+                rest = [cp.asarray(a) if isinstance(a, np.ndarray) else a for a in args[1:]]
+                _compare(op, host, op.fn(off, *rest, **kwargs),
+                         f"{op.name} {dtype} {shape} {variant} unaligned")
+
+
+# ---------------------------------------------------------------------------------------
 # Above 2**31 elements (64-bit offsets)
 
 def test_above_2_31_elements(rng):

@@ -58,6 +58,15 @@ def scale_floor(amax: np.ndarray, eps: np.float32, code: CodeType) -> np.ndarray
     return canonical_nan(s, 0x7FFFFFFF)
 
 
+def stored_scale(s: np.ndarray, scale_type: FloatType) -> np.ndarray:
+    """Float32 scales as stored in `scale_type`: rounded to it, nearest even, NaN canonical
+    (float32 scales are returned as they are)."""
+    if scale_type.numpy == s.dtype:
+        return s
+    with np.errstate(over="ignore"):
+        return canonical_nan(s.astype(scale_type.numpy), scale_type.nan_bits)
+
+
 def ceil_pow2(s: np.ndarray) -> np.ndarray:
     """The smallest power of two >= s, computed on the bits (s >= 0; NaN and inf stay)."""
     s = np.asarray(s, dtype=np.float32).copy()

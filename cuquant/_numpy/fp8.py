@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._dtypes import E4M3, FloatType
+from .._dtypes import E4M3, FLOAT32, FloatType
 from . import _core
 
 ROW_EPS = np.float32(1e-4)
@@ -20,10 +20,10 @@ def quantize_fp8_per_tensor(x, scale=None):
     return _core.quantize(x32, s, E4M3), s
 
 
-def quantize_fp8_per_row(x):
+def quantize_fp8_per_row(x, scale_type: FloatType = FLOAT32):
     x32 = _core.f32(x)
-    s = _core.scale_floor(_core.abs_max(x32, axis=-1), ROW_EPS, E4M3)
-    return _core.quantize(x32, s[..., None], E4M3), s
+    s = _core.stored_scale(_core.scale_floor(_core.abs_max(x32, axis=-1), ROW_EPS, E4M3), scale_type)
+    return _core.quantize(x32, _core.f32(s)[..., None], E4M3), s
 
 
 def token_group_scale_buffer(m: int, groups: int) -> np.ndarray:

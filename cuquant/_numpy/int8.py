@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._dtypes import INT8, FloatType
+from .._dtypes import FLOAT32, INT8, FloatType
 from . import _core
 
 
@@ -18,10 +18,10 @@ def quantize_int8_per_tensor(x, scale=None):
     return _core.quantize(x32, s, INT8), s
 
 
-def quantize_int8_per_channel(w):
+def quantize_int8_per_channel(w, scale_type: FloatType = FLOAT32):
     w32 = _core.f32(w)
-    s = _core.scale_zero_is_one(_core.abs_max(w32, axis=-1), INT8)
-    return _core.quantize(w32, s[:, None], INT8), s
+    s = _core.stored_scale(_core.scale_zero_is_one(_core.abs_max(w32, axis=-1), INT8), scale_type)
+    return _core.quantize(w32, _core.f32(s)[:, None], INT8), s
 
 
 def quantize_int8_per_block(x, block_size=128):
