@@ -25,7 +25,7 @@ import traceback
 
 import numpy as np
 
-from cuquant import _registry
+from cuquant import testing
 
 from . import harness
 
@@ -85,9 +85,9 @@ def _bench_dtype(op, forced: str) -> str:
 def _shapes(op, quick):
     """The op's benchmark shapes; --quick keeps the small ones and the headline, or all of
     an op's own when it has none of those (the batched op's tensor lists)."""
-    shapes = getattr(op, "bench_shapes", _registry.BENCH_SHAPES)
+    shapes = getattr(op, "bench_shapes", testing.BENCH_SHAPES)
     if quick:
-        kept = [s for s in shapes if s in _registry.SMALL_SHAPES or s == _registry.HEADLINE]
+        kept = [s for s in shapes if s in testing.SMALL_SHAPES or s == testing.HEADLINE]
         shapes = kept or shapes
     return shapes
 
@@ -125,7 +125,7 @@ def run(opts, checkpoint=None) -> list[dict]:
     timer = harness.Timer()
     copy_bw = harness.copy_bandwidth(timer)
     print(f"# {env['gpu']}  copy bandwidth {copy_bw / 1e12:.3f} TB/s  ({env['date']})", flush=True)
-    ops = _registry.all_ops()
+    ops = testing.all_ops()
     if opts.ops:
         ops = [o for o in ops if o.name in opts.ops.split(",")]
     if opts.family:
@@ -151,7 +151,7 @@ def run(opts, checkpoint=None) -> list[dict]:
                     row.update(us=ms * 1e3, bytes=moved, logical_bytes=logical,
                                tbps=moved / (ms * 1e-3) / 1e12,
                                frac_copy=moved / (ms * 1e-3) / copy_bw)
-                    if shape in _registry.SMALL_SHAPES:
+                    if shape in testing.SMALL_SHAPES:
                         host.add(len(rows), call)
                         row.update(host.result(len(rows)))
                     if op.alternative is not None:
@@ -162,7 +162,7 @@ def run(opts, checkpoint=None) -> list[dict]:
                         row["alternative_wall_us"] = harness.wall_us(alt)
                     if have_torch:
                         for kind in ("eager", "compile", "cupy"):
-                            if kind == "compile" and (opts.no_compile or shape != _registry.HEADLINE):
+                            if kind == "compile" and (opts.no_compile or shape != testing.HEADLINE):
                                 continue
                             try:
                                 bms = _baseline(kind, op, args, kwargs, timer, opts.reps, compiled)

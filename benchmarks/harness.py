@@ -219,7 +219,7 @@ def to_torch(obj):
     (zero copy, cuquant's own conversion); dtype names as torch dtypes."""
     import torch
 
-    from cuquant._arrays import as_torch
+    from cuquant._core.arrays import as_torch
 
     if isinstance(obj, (tuple, list)):
         return type(obj)(to_torch(o) for o in obj)
@@ -229,12 +229,3 @@ def to_torch(obj):
         return getattr(torch, obj)
     return obj
 
-
-def forget_plans() -> None:
-    """Drop every launch plan and kept replay, so that the next call of each op plans
-    afresh: after a change to a plan table (groupwise.TILES, STAGED)."""
-    from cuquant import _fast, _symmetric, groupwise
-
-    _symmetric._plans.clear()
-    groupwise._plans.clear()
-    _fast.clear()  # a kept replay would run the plan it was made with

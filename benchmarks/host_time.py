@@ -15,7 +15,9 @@ import argparse
 
 import numpy as np
 
-from cuquant import _arrays, _fast, _registry
+from cuquant import testing
+from cuquant._core import arrays as _arrays
+from cuquant._core import replay as _fast
 
 from . import harness
 from .__main__ import _bench_dtype
@@ -34,7 +36,7 @@ def main():
     empty = harness.empty_launch()
     rng = np.random.default_rng(0)
     print(f"{'op':72s} {'shape':>8s} {'whole way':>9s} {'replay':>7s} {'empty launch':>12s} {'CPU':>4s}")
-    for op in _registry.all_ops():
+    for op in testing.all_ops():
         if opts.ops and op.name not in opts.ops.split(","):
             continue
         for variant, shape in [(v, s) for v in op.bench_variants[:1] for s in SHAPES]:

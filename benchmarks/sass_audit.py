@@ -246,16 +246,17 @@ def _whole_elf(image: bytes) -> bytes:
 
 
 def cubins(arch: str, sources: list[str] | None = None, library: str | None = None):
-    """(source, cubin) for every program `_kernels.programs` compiles; with `library`, a
+    """(source, cubin) for every program `compile.programs` compiles; with `library`, a
     libnvrtc of any version, in programs of 40 name expressions on two threads."""
-    from cuquant import _kernels
+    from cuquant._cuda import compile as _compile
+    from cuquant._cuda import kernels as _kernels
 
-    table = {src: exprs for src, exprs in _kernels.all_specializations().items()
+    table = {src: exprs for src, exprs in _compile.all_specializations().items()
              if not sources or src in sources}
     if library is None:
         from cupy_backends.cuda.libs import nvrtc
 
-        for src, _, prog in _kernels.programs(arch, table):
+        for src, _, prog in _compile.programs(arch, table):
             yield src, _whole_elf(nvrtc.getCUBIN(prog))
         return
     from concurrent.futures import ThreadPoolExecutor
@@ -264,7 +265,7 @@ def cubins(arch: str, sources: list[str] | None = None, library: str | None = No
     for builtins in glob.glob(os.path.join(os.path.dirname(library), "libnvrtc-builtins.so.*")):
         ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(library)
-    options = [o.encode() for o in _kernels.nvrtc_options(arch)]
+    options = [o.encode() for o in _compile.nvrtc_options(arch)]
 
     def compile_part(job):
         src, part = job

@@ -564,9 +564,15 @@ __device__ __forceinline__ Vec<T, N> convert_vec(const float* f) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Scale rules (SPEC sections 3 and 4). inv_qmax is f32(1/qmax); eps_bits the floor's bits.
+// Scale rules (docs/formats.md sections 3 and 4). inv_qmax is f32(1/qmax); eps_bits the floor's bits.
 
-enum ScaleRule { ZERO_IS_ONE = 0, FLOOR_EPS = 1, FLOOR_EPS_POW2 = 2 };
+// ZERO_IS_ONE: amax * inv_qmax, 1 for amax 0; FLOOR_EPS: max(amax, eps) * inv_qmax; the
+// _POW2 rules round that up to a power of two (UE8M0 scales).
+enum ScaleRule { ZERO_IS_ONE = 0, FLOOR_EPS = 1, FLOOR_EPS_POW2 = 2, ZERO_IS_ONE_POW2 = 3 };
+
+template <int RULE> struct PowerOfTwoRule {
+    static constexpr bool value = RULE == FLOOR_EPS_POW2 || RULE == ZERO_IS_ONE_POW2;
+};
 
 // Smallest power of two >= s, from the bits; NaN and inf stay.
 __device__ __forceinline__ float ceil_pow2(float s) {
@@ -586,6 +592,9 @@ template <int RULE>
 __device__ __forceinline__ float scale_from_amax(u32 amax_bits, float inv_qmax, u32 eps_bits) {
     if (RULE == ZERO_IS_ONE) {
         return amax_bits == 0u ? 1.0f : mul_rn(u2f(amax_bits), inv_qmax);
+    }
+    if (RULE == ZERO_IS_ONE_POW2) {
+        return amax_bits == 0u ? 1.0f : ceil_pow2(mul_rn(u2f(amax_bits), inv_qmax));
     }
     float s = mul_rn(u2f(umax(amax_bits, eps_bits)), inv_qmax);
     return RULE == FLOOR_EPS_POW2 ? ceil_pow2(s) : s;

@@ -1,5 +1,5 @@
 // Group-wise integer quantization machinery, shared by groupwise.cu (DeepSpeed format,
-// SPEC section 5) and zero_point.cu (lmdeploy format, SPEC section 6).
+// docs/formats.md section 5) and zero_point.cu (lmdeploy format, docs/formats.md section 6).
 //
 // A tensor is a run of `groups` groups of G consecutive elements (C order). A kernel works
 // on "units" of VEC consecutive elements: on the fast path a unit is 16 bytes of the wide

@@ -1,4 +1,4 @@
-// Group-wise integer quantization in DeepSpeed's format (SPEC section 5), its inverse, and
+// Group-wise integer quantization in DeepSpeed's format (docs/formats.md section 5), its inverse, and
 // the batched inverse (many tensors, one launch).
 //
 //   quantize_groups<DeepSpeed<BITS>, T, ...>    codes and params [groups, 1 or 2]; the

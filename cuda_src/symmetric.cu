@@ -1,4 +1,4 @@
-// Symmetric scaled quantization (INT8 and FP8 e4m3, SPEC sections 3 and 4) and its inverse.
+// Symmetric scaled quantization (INT8 and FP8 e4m3, docs/formats.md sections 3 and 4) and its inverse.
 //
 // Kernels, each a template over the input type Tin, the code (CodeInt8 / CodeE4M3), and the
 // vector width VEC (16 bytes of input per access, or 1 where rows are not 16-byte aligned):
@@ -58,7 +58,7 @@ template <int P> struct PathTag { static constexpr int value = P; };
 // Corrections on the fast path: none for power-of-two scales, one for 16-bit values
 // against a scale from their own maximum, two otherwise (common.cuh, divide_fast).
 template <typename Tv, int RULE> struct FastCorrections {
-    static constexpr int value = RULE == FLOOR_EPS_POW2 ? 0 : (sizeof(Tv) == 2 ? 1 : 2);
+    static constexpr int value = PowerOfTwoRule<RULE>::value ? 0 : (sizeof(Tv) == 2 ? 1 : 2);
 };
 
 template <int RULE>
@@ -738,8 +738,9 @@ quantize_static(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
 // ---------------------------------------------------------------------------------------
 // 128x128 tiles of an [N, K] matrix, edge tiles partial; one block of 256 threads owns a
 // tile, held in registers (64 elements a thread), four blocks per multiprocessor; the grid
-// covers the tiles once. scale is [tiles_n, tiles_k] row-major.
-template <typename Tin, typename Code, int VEC>
+// covers the tiles once. scale is [tiles_n, tiles_k] row-major. RULE: ZERO_IS_ONE (float32
+// scales) or ZERO_IS_ONE_POW2 (UE8M0 scales, the codes against the rounded scale).
+template <typename Tin, typename Code, int VEC, int RULE = ZERO_IS_ONE>
 __global__ void __launch_bounds__(256, 4)
 quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
                float* __restrict__ scale, i64 N, i64 K, i64 tiles_n, i64 tiles_k, float inv_qmax) {
@@ -762,11 +763,11 @@ quantize_tiles(const Tin* __restrict__ x, typename Code::T* __restrict__ q,
         for (int p = 0; p < PASSES; ++p)
             if (col_ok && p * RPP < rows_left) acc.add(buf[p]);
         const u32 amax = group_max<THREADS>(acc.bits(), scratch);
-        const float s = scale_from_amax<ZERO_IS_ONE>(amax, inv_qmax, 0u);
+        const float s = scale_from_amax<RULE>(amax, inv_qmax, 0u);
         if (threadIdx.x == 0) scale[t] = s;
         const DivPlan plan = plan_division(s);
-        on_path(div_path<ZERO_IS_ONE>(plan, amax, 0u), [&](auto path) {
-            constexpr int P = decltype(path)::value, CORR = FastCorrections<Tin, ZERO_IS_ONE>::value;
+        on_path(div_path<RULE>(plan, amax, 0u), [&](auto path) {
+            constexpr int P = decltype(path)::value, CORR = FastCorrections<Tin, RULE>::value;
 #pragma unroll
             for (int p = 0; p < PASSES; ++p)
                 if (col_ok && p * RPP < rows_left)

@@ -1,5 +1,5 @@
 // Group-wise quantization with a zero point and optional stochastic rounding (lmdeploy's
-// QuantizeGroupwise, SPEC section 6), and its inverse.
+// QuantizeGroupwise, docs/formats.md section 6), and its inverse.
 //
 //   quantize_groups<ZeroPoint<BITS>, T, ...>    codes, scales, zeros and the reconstruction;
 //                                               `mode` picks the rounding (ZpMode);

@@ -5,6 +5,7 @@ its results in the caller's own family, on the caller's device. CUDA arrays run 
 kernels; host arrays run the NumPy backend, which gives the same bits.
 """
 
+from ._cuda.policy import DEFAULT_POLICY, KernelPolicy
 from .fp8 import (dequantize_fp8_per_block, dequantize_fp8_per_row, dequantize_fp8_per_tensor,
                   dequantize_fp8_per_token_group, quantize_fp8_per_block, quantize_fp8_per_row,
                   quantize_fp8_per_tensor, quantize_fp8_per_token_group)
@@ -27,4 +28,5 @@ __all__ = [
     "quantize_groupwise", "dequantize_groupwise", "dequantize_groupwise_batched",
     "quantize_int4_per_group", "dequantize_int4_per_group",
     "quantize_groupwise_zero_point", "dequantize_groupwise_zero_point",
+    "KernelPolicy", "DEFAULT_POLICY",
 ]

@@ -775,42 +775,6 @@ def ceil_pow2(s: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(s) & (s > 0), p, s).astype(np.float32)
 
 
-def _quantize_block_ue8m0(backend: Backend, w):
-    """fp8-block codes against UE8M0 (power-of-two) scales.
-
-    The float32 tile scales come from `quantize_fp8_per_block`; each is rounded up to a
-    power of two, then the codes are ``e4m3(clamp(w / scale))`` for that scale, which is
-    what `quantize_fp8_per_tensor(tile, scale=s)` computes tile by tile. Dividing by a power
-    of two in float64 is exact, and one rounding to float32 gives the same float32 quotient
-    as the contract's division; `quantize_fp8_per_tensor(..., scale=1.0)` then encodes it
-    (clamp, round to nearest even, NaN as 0x7F) in one call for the whole band.
-    """
-    import cuquant
-
-    xp = backend.xp
-    _, scale = cuquant.quantize_fp8_per_block(w)
-    pow2 = ceil_pow2(backend.to_host(scale))
-    finite = pow2[np.isfinite(pow2)]
-    if xp is not np and finite.size and finite.min() < 2.0**-115:
-        # CuPy's elementwise kernels flush float32 subnormals, which only matters where a
-        # tile's scale is this small: such (rare) bands take the host path.
-        q, s = _quantize_block_ue8m0(Backend("cpu", np), backend.to_host(w))
-        return backend.to_device(q), backend.to_device(s)
-    n, k = w.shape
-    full = np.repeat(pow2.astype(np.float64), 128, axis=0)[:n]  # [n, ceil(k/128)]
-    full_d = backend.to_device(full)
-    x = w.astype(xp.float32).astype(xp.float64)  # both exact
-    if k % 128 == 0:
-        x = (x.reshape(n, k // 128, 128) / full_d[:, :, None]).reshape(n, k)
-    else:
-        for j in range(_cdiv(k, 128)):
-            x[:, j * 128:(j + 1) * 128] /= full_d[:, j:j + 1]
-    x32 = x.astype(xp.float32)
-    del x
-    q, _ = cuquant.quantize_fp8_per_tensor(x32, scale=1.0)
-    return q, backend.to_device(pow2)
-
-
 # ---------------------------------------------------------------------------------------
 # quantize
 
@@ -1049,7 +1013,7 @@ def _quantize_one(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Pr
         host = f.read_rows(it.src.name, r0, r1)
         x = backend.to_device(host)
         if fmt.name == "fp8-block" and scale_format == "ue8m0":
-            q, s = _quantize_block_ue8m0(backend, x)
+            q, s = qfn(x, scale_format="ue8m0")
         else:
             q, s = qfn(x, **kw)
         w.write(codes_name, backend.to_host(q))

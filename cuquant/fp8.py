@@ -1,4 +1,4 @@
-"""FP8 (float8_e4m3fn) quantization and dequantization (SPEC section 4).
+"""FP8 (float8_e4m3fn) quantization and dequantization (docs/formats.md section 4).
 
 q = e4m3(clamp(f32(x) / scale, -448, 448)), rounded to nearest even, NaN as code 0x7F;
 dequantization is dtype(f32(e4m3_decode(q)) * scale). Codes come back as
@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _numpy, _symmetric
-from ._fast import replayable
-from ._dtypes import E4M3
-from ._op import (HOST, check_one_value, dequant_args, host_results, intake,
-                  run_gpu, scale_argument, scale_type_of, stream_of, v)
+from . import _numpy
+from ._core.arrays import HOST
+from ._core.call import (check_one_value, dequant_args, host_results, intake, same_place,
+                         scale_argument, scale_type_of, stream_of, v)
+from ._core.dtypes import E4M3, FLOATS, INT8
+from ._core.replay import replayable
+from ._cuda import symmetric as _symmetric
+from ._cuda.launch import run as run_gpu
+from ._cuda.policy import DEFAULT_POLICY, check_policy
 
 GROUP_SIZES = (32, 64, 128, 256)
 SCALE_LAYOUTS = ("row", "column")
@@ -30,7 +34,7 @@ __all__ = ["quantize_fp8_per_tensor", "quantize_fp8_per_row", "quantize_fp8_per_
 # Quantization
 
 @replayable
-def quantize_fp8_per_tensor(x, scale=None, *, stream=None):
+def quantize_fp8_per_tensor(x, scale=None, *, stream=None, policy=DEFAULT_POLICY):
     """Quantize a whole tensor to float8_e4m3fn against one scale.
 
     Parameters
@@ -39,6 +43,8 @@ def quantize_fp8_per_tensor(x, scale=None, *, stream=None):
     scale : None, float, or float32 array of one element, optional
         A static scale. None computes ``amax(|x|) * f32(1/448)``, or 1.0 for all zeros.
     stream : CuPy stream, torch.cuda.Stream or int, optional
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
@@ -46,6 +52,7 @@ def quantize_fp8_per_tensor(x, scale=None, *, stream=None):
     scale : float32 array (1,)
     """
     op = "quantize_fp8_per_tensor"
+    policy = check_policy(policy, op)
     s = stream_of(stream, op)
     a = intake(x, op, "x", s)
     t = v.check_float(a, op, "x")
@@ -58,7 +65,7 @@ def quantize_fp8_per_tensor(x, scale=None, *, stream=None):
 
 
 @replayable
-def quantize_fp8_per_row(x, *, scale_dtype="float32", stream=None):
+def quantize_fp8_per_row(x, *, scale_dtype="float32", stream=None, policy=DEFAULT_POLICY):
     """Quantize each row (last axis) to float8_e4m3fn: the seed's FP8QuantFwdOp on
     ``[B, S, G, D]``, any rank >= 1.
 
@@ -69,6 +76,8 @@ def quantize_fp8_per_row(x, *, scale_dtype="float32", stream=None):
         The stored type of the scales. In x's 16-bit dtype each scale is rounded to it,
         nearest even, and the codes are computed against the rounded scale.
     stream : optional
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
@@ -77,6 +86,7 @@ def quantize_fp8_per_row(x, *, scale_dtype="float32", stream=None):
         ``max(amax(|row|), f32(1e-4)) * f32(1/448)``.
     """
     op = "quantize_fp8_per_row"
+    policy = check_policy(policy, op)
     s = stream_of(stream, op)
     a = intake(x, op, "x", s)
     t = v.check_float(a, op, "x")
@@ -91,7 +101,7 @@ def quantize_fp8_per_row(x, *, scale_dtype="float32", stream=None):
 
 @replayable
 def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row",
-                                 scale_format="float32", *, stream=None):
+                                 scale_format="float32", *, stream=None, policy=DEFAULT_POLICY):
     """Quantize runs of `group_size` elements of each row to float8_e4m3fn (DeepSeek-V3
     activations, lmdeploy QuantizeSymm, vLLM per_token_group_quant_fp8).
 
@@ -109,6 +119,8 @@ def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row"
     scale_format : {"float32", "ue8m0"}
         "ue8m0" rounds each scale up to a power of two (still returned as float32).
     stream : optional
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
@@ -116,6 +128,7 @@ def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row"
     scale : float32 array [M, ceil(K / group_size)] in the chosen layout
     """
     op = "quantize_fp8_per_token_group"
+    policy = check_policy(policy, op)
     s = stream_of(stream, op)
     g = v.check_choice(v.check_int(group_size, op, "group_size"), op, "group_size", GROUP_SIZES)
     e = v.check_positive_finite(eps, op, "eps")
@@ -133,7 +146,8 @@ def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row"
 
 
 @replayable
-def quantize_fp8_per_block(w, block_size=BLOCK_SIZE, *, stream=None):
+def quantize_fp8_per_block(w, block_size=BLOCK_SIZE, scale_format="float32", *, stream=None,
+                           policy=DEFAULT_POLICY):
     """Quantize each 128x128 tile of a weight to float8_e4m3fn: the DeepSeek-V3 block
     format, whose scale is stored as ``weight_scale_inv``.
 
@@ -142,23 +156,33 @@ def quantize_fp8_per_block(w, block_size=BLOCK_SIZE, *, stream=None):
     w : array [N, K], float16, bfloat16 or float32
     block_size : (128, 128)
         Tile shape; edge tiles cover the N % 128 rows and K % 128 columns that remain.
+    scale_format : {"float32", "ue8m0"}
+        "ue8m0" rounds each scale up to a power of two (still returned as float32), as
+        DeepSeek-V3's UE8M0 checkpoints store them; the codes are computed against the
+        rounded scale.
     stream : optional
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
     q : float8_e4m3fn array [N, K]
     scale : float32 array [ceil(N / 128), ceil(K / 128)]
-        ``amax(|tile|) * f32(1/448)``, or 1.0 for an all-zero tile.
+        ``amax(|tile|) * f32(1/448)``, or 1.0 for an all-zero tile; with
+        ``scale_format="ue8m0"``, the smallest power of two at or above it.
     """
     op = "quantize_fp8_per_block"
+    policy = check_policy(policy, op)
     s = stream_of(stream, op)
     _check_block_size(block_size, op)
+    v.check_choice(scale_format, op, "scale_format", SCALE_FORMATS)
     a = intake(w, op, "w", s)
     t = v.check_float(a, op, "w")
     v.check_ndim(a, op, "w", 2, "[N, K]")
     if a.device == HOST:
-        return host_results(a, _numpy.quantize_fp8_per_block(a.data, BLOCK_SIZE))
-    return run_gpu(a, s, _symmetric.run_tiles, a.data, t, E4M3)
+        return host_results(a, _numpy.quantize_fp8_per_block(a.data, BLOCK_SIZE, scale_format))
+    rule = _symmetric.ZERO_IS_ONE_POW2 if scale_format == "ue8m0" else _symmetric.ZERO_IS_ONE
+    return run_gpu(a, s, _symmetric.run_tiles, a.data, t, E4M3, rule)
 
 
 def _check_block_size(block_size, op):
@@ -178,7 +202,7 @@ def _check_block_size(block_size, op):
 # Dequantization
 
 @replayable
-def dequantize_fp8_per_tensor(q, scale, dtype, *, stream=None):
+def dequantize_fp8_per_tensor(q, scale, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize float8_e4m3fn codes with one scale: ``dtype(f32(q) * scale)``.
 
     Parameters
@@ -187,12 +211,15 @@ def dequantize_fp8_per_tensor(q, scale, dtype, *, stream=None):
     scale : float32 array of one element
     dtype : float16, bfloat16 or float32
     stream : optional
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
     x : array of `dtype`, shape of q
     """
     op = "dequantize_fp8_per_tensor"
+    policy = check_policy(policy, op)
     s, out, a, b = dequant_args(op, q, scale, dtype, stream, E4M3)
     check_one_value(b, op)
     if a.device == HOST:
@@ -201,7 +228,7 @@ def dequantize_fp8_per_tensor(q, scale, dtype, *, stream=None):
 
 
 @replayable
-def dequantize_fp8_per_row(q, scale, dtype, *, stream=None):
+def dequantize_fp8_per_row(q, scale, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize float8_e4m3fn codes with one scale per row (last axis).
 
     Parameters
@@ -210,12 +237,15 @@ def dequantize_fp8_per_row(q, scale, dtype, *, stream=None):
     scale : float32 array, shape ``q.shape[:-1]``
     dtype : float16, bfloat16 or float32
     stream : optional
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
     x : array of `dtype`, shape of q
     """
     op = "dequantize_fp8_per_row"
+    policy = check_policy(policy, op)
     s, out, a, b = dequant_args(op, q, scale, dtype, stream, E4M3)
     v.check_min_ndim(a, op, "q", 1, "[..., D]")
     v.check_shape(b, op, "scale", a.data.shape[:-1], "q.shape[:-1]")
@@ -225,7 +255,7 @@ def dequantize_fp8_per_row(q, scale, dtype, *, stream=None):
 
 
 @replayable
-def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128, *, stream=None):
+def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize float8_e4m3fn codes with one scale per `group_size` elements of a row.
     Either scale layout of `quantize_fp8_per_token_group` is accepted (any strides).
 
@@ -236,12 +266,15 @@ def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128, *, stream=No
     dtype : float16, bfloat16 or float32
     group_size : {32, 64, 128, 256}, default 128
     stream : optional
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
     x : array of `dtype`, [M, K]
     """
     op = "dequantize_fp8_per_token_group"
+    policy = check_policy(policy, op)
     g = v.check_choice(v.check_int(group_size, op, "group_size"), op, "group_size", GROUP_SIZES)
     s, out, a, b = dequant_args(op, q, scale, dtype, stream, E4M3)
     v.check_ndim(a, op, "q", 2, "[M, K]")
@@ -253,7 +286,7 @@ def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128, *, stream=No
 
 
 @replayable
-def dequantize_fp8_per_block(q, scale, dtype, block_size=BLOCK_SIZE, *, stream=None):
+def dequantize_fp8_per_block(q, scale, dtype, block_size=BLOCK_SIZE, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize float8_e4m3fn codes with one scale per 128x128 tile.
 
     Parameters
@@ -263,12 +296,15 @@ def dequantize_fp8_per_block(q, scale, dtype, block_size=BLOCK_SIZE, *, stream=N
     dtype : float16, bfloat16 or float32
     block_size : (128, 128)
     stream : optional
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
     x : array of `dtype`, [N, K]
     """
     op = "dequantize_fp8_per_block"
+    policy = check_policy(policy, op)
     _check_block_size(block_size, op)
     s, out, a, b = dequant_args(op, q, scale, dtype, stream, E4M3)
     v.check_ndim(a, op, "q", 2, "[N, K]")

@@ -1,4 +1,4 @@
-"""INT8 symmetric quantization and dequantization (SPEC section 3).
+"""INT8 symmetric quantization and dequantization (docs/formats.md section 3).
 
 scale = amax * f32(1/127), or 1 where amax == 0; q = clamp(rne(x / scale), -127, 127),
 a NaN quotient giving 0; dequantization is dtype(f32(q) * scale).
@@ -7,11 +7,15 @@ a NaN quotient giving 0; dequantization is dtype(f32(q) * scale).
 from __future__ import annotations
 
 
-from . import _numpy, _symmetric
-from ._fast import replayable
-from ._dtypes import FLOATS, INT8
-from ._op import (HOST, check_one_value, dequant_args, host_results, intake,
-                  run_gpu, same_place, scale_argument, scale_type_of, stream_of, v)
+from . import _numpy
+from ._core.arrays import HOST
+from ._core.call import (check_one_value, dequant_args, host_results, intake, same_place,
+                         scale_argument, scale_type_of, stream_of, v)
+from ._core.dtypes import E4M3, FLOATS, INT8
+from ._core.replay import replayable
+from ._cuda import symmetric as _symmetric
+from ._cuda.launch import run as run_gpu
+from ._cuda.policy import DEFAULT_POLICY, check_policy
 
 BLOCK_SIZES = (32, 64, 128, 256)
 
@@ -30,7 +34,7 @@ def _block_size(block_size, op):
 # Quantization
 
 @replayable
-def quantize_int8_per_tensor(x, scale=None, *, stream=None):
+def quantize_int8_per_tensor(x, scale=None, *, stream=None, policy=DEFAULT_POLICY):
     """Quantize a whole tensor to int8 against one scale.
 
     Parameters
@@ -42,6 +46,8 @@ def quantize_int8_per_tensor(x, scale=None, *, stream=None):
         ``scale = amax(|x|) * f32(1/127)``, or 1.0 when x is all zero.
     stream : CuPy stream, torch.cuda.Stream or int, optional
         Stream of a GPU call; the current CuPy stream by default.
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
@@ -51,6 +57,7 @@ def quantize_int8_per_tensor(x, scale=None, *, stream=None):
         The dequantization multiplier: ``x ~= q * scale``.
     """
     op = "quantize_int8_per_tensor"
+    policy = check_policy(policy, op)
     s = stream_of(stream, op)
     a = intake(x, op, "x", s)
     t = v.check_float(a, op, "x")
@@ -63,7 +70,7 @@ def quantize_int8_per_tensor(x, scale=None, *, stream=None):
 
 
 @replayable
-def quantize_int8_per_channel(w, *, scale_dtype="float32", stream=None):
+def quantize_int8_per_channel(w, *, scale_dtype="float32", stream=None, policy=DEFAULT_POLICY):
     """Quantize each row (output channel) of a weight to int8 against its own scale.
 
     Parameters
@@ -74,6 +81,8 @@ def quantize_int8_per_channel(w, *, scale_dtype="float32", stream=None):
         dtype keep them) each scale is rounded to it, nearest even, and the codes are
         computed against the rounded scale: ``q = clamp(rne(w / f32(scale)), -127, 127)``.
     stream : optional, as in `quantize_int8_per_tensor`
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
@@ -82,6 +91,7 @@ def quantize_int8_per_channel(w, *, scale_dtype="float32", stream=None):
         ``amax(|w[n]|) * f32(1/127)``, or 1.0 for an all-zero (or empty) row.
     """
     op = "quantize_int8_per_channel"
+    policy = check_policy(policy, op)
     s = stream_of(stream, op)
     a = intake(w, op, "w", s)
     t = v.check_float(a, op, "w")
@@ -95,7 +105,7 @@ def quantize_int8_per_channel(w, *, scale_dtype="float32", stream=None):
 
 
 @replayable
-def quantize_int8_per_block(x, block_size=128, *, stream=None):
+def quantize_int8_per_block(x, block_size=128, *, stream=None, policy=DEFAULT_POLICY):
     """Quantize runs of `block_size` contiguous elements of each row to int8.
 
     Parameters
@@ -104,6 +114,8 @@ def quantize_int8_per_block(x, block_size=128, *, stream=None):
     block_size : {32, 64, 128, 256}, default 128
         Elements per block along K; the last block of a row holds K % block_size.
     stream : optional, as in `quantize_int8_per_tensor`
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
@@ -112,6 +124,7 @@ def quantize_int8_per_block(x, block_size=128, *, stream=None):
         One scale per block, row-major; 1.0 for an all-zero block.
     """
     op = "quantize_int8_per_block"
+    policy = check_policy(policy, op)
     s = stream_of(stream, op)
     bs = _block_size(block_size, op)
     a = intake(x, op, "x", s)
@@ -124,7 +137,7 @@ def quantize_int8_per_block(x, block_size=128, *, stream=None):
 
 
 @replayable
-def smooth_quant(x, smooth, *, stream=None):
+def smooth_quant(x, smooth, *, stream=None, policy=DEFAULT_POLICY):
     """SmoothQuant activation quantization: divide each column by its smoothing factor,
     then quantize each row to int8.
 
@@ -134,6 +147,8 @@ def smooth_quant(x, smooth, *, stream=None):
     smooth : float32 array [K]
         Per-channel smoothing factors; ``xs = f32(x) / smooth`` (IEEE division).
     stream : optional, as in `quantize_int8_per_tensor`
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
@@ -142,6 +157,7 @@ def smooth_quant(x, smooth, *, stream=None):
         ``amax(|xs[m]|) * f32(1/127)``, or 1.0 for an all-zero row; the multiplier of xs.
     """
     op = "smooth_quant"
+    policy = check_policy(policy, op)
     s = stream_of(stream, op)
     a = intake(x, op, "x", s)
     t = v.check_float(a, op, "x")
@@ -153,7 +169,7 @@ def smooth_quant(x, smooth, *, stream=None):
     if a.device == HOST:
         return host_results(a, _numpy.smooth_quant(a.data, b.data))
     return run_gpu(a, s, _symmetric.run_rows, a.data, t, INT8, _symmetric.ZERO_IS_ONE,
-                   _symmetric.NO_EPS, b.data)
+                   _symmetric.NO_EPS, b.data, FLOATS["float32"], policy)
 
 
 
@@ -161,7 +177,7 @@ def smooth_quant(x, smooth, *, stream=None):
 # Dequantization
 
 @replayable
-def dequantize_int8_per_tensor(q, scale, dtype, *, stream=None):
+def dequantize_int8_per_tensor(q, scale, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize int8 codes with one scale: ``dtype(f32(q) * scale)``.
 
     Parameters
@@ -170,12 +186,15 @@ def dequantize_int8_per_tensor(q, scale, dtype, *, stream=None):
     scale : float32 array of one element, shape () or (1,)
     dtype : float16, bfloat16 or float32 (NumPy, ml_dtypes, torch or JAX dtype, or name)
     stream : optional, as in `quantize_int8_per_tensor`
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
     x : array of `dtype`, shape of q
     """
     op = "dequantize_int8_per_tensor"
+    policy = check_policy(policy, op)
     s, out, a, b = dequant_args(op, q, scale, dtype, stream, INT8)
     check_one_value(b, op)
     if a.device == HOST:
@@ -184,7 +203,7 @@ def dequantize_int8_per_tensor(q, scale, dtype, *, stream=None):
 
 
 @replayable
-def dequantize_int8_per_channel(q, scale, dtype, *, stream=None):
+def dequantize_int8_per_channel(q, scale, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize int8 codes with one scale per row: ``dtype(f32(q[n]) * scale[n])``.
 
     Parameters
@@ -193,12 +212,15 @@ def dequantize_int8_per_channel(q, scale, dtype, *, stream=None):
     scale : float32 array [N]
     dtype : float16, bfloat16 or float32
     stream : optional
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
     x : array of `dtype`, [N, K]
     """
     op = "dequantize_int8_per_channel"
+    policy = check_policy(policy, op)
     s, out, a, b = dequant_args(op, q, scale, dtype, stream, INT8)
     v.check_ndim(a, op, "q", 2, "[N, K]")
     v.check_shape(b, op, "scale", (a.data.shape[0],), "[N], N the rows of q")
@@ -208,7 +230,7 @@ def dequantize_int8_per_channel(q, scale, dtype, *, stream=None):
 
 
 @replayable
-def dequantize_int8_per_block(q, scale, dtype, block_size=128, *, stream=None):
+def dequantize_int8_per_block(q, scale, dtype, block_size=128, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize int8 codes with one scale per `block_size` elements of a row:
     ``x[m, k] = dtype(f32(q[m, k]) * scale[m, k // block_size])``.
 
@@ -219,12 +241,15 @@ def dequantize_int8_per_block(q, scale, dtype, block_size=128, *, stream=None):
     dtype : float16, bfloat16 or float32
     block_size : {32, 64, 128, 256}, default 128
     stream : optional
+    policy : KernelPolicy, optional
+        Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
 
     Returns
     -------
     x : array of `dtype`, [M, K]
     """
     op = "dequantize_int8_per_block"
+    policy = check_policy(policy, op)
     bs = _block_size(block_size, op)
     s, out, a, b = dequant_args(op, q, scale, dtype, stream, INT8)
     v.check_ndim(a, op, "q", 2, "[M, K]")

@@ -111,7 +111,7 @@ def test_canonical_nan_bits():
 
 
 def test_fastdiv_magic_matches_integer_division(rng):
-    from cuquant._gpu import fastdiv
+    from cuquant._cuda.launch import fastdiv
 
     divisors = [1, 2, 3, 7, 56, 127, 448, 896, 1000, 65535, (1 << 31) - 1, 1 << 30, 12345677]
     divisors += rng.integers(1, 1 << 31, size=50).tolist()

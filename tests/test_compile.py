@@ -3,7 +3,8 @@ sm_89 and sm_90, with the options CuPy uses (-ftz=true included). NVRTC needs no
 
 import pytest
 
-from cuquant import _kernels, _symmetric
+from cuquant._cuda import compile as _kernels
+from cuquant._cuda import symmetric as _symmetric
 
 nvrtc = pytest.importorskip(
     "cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with the cuda12 / cuda13 extra")

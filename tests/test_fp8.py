@@ -1,6 +1,6 @@
 """FP8 e4m3fn family on the NumPy backend: golden cases derived by hand (NaN / inf / zero
 tiles, subnormal and underflowing scales, the column layout and its padding, ue8m0),
-properties, empty inputs and refusals (SPEC section 4)."""
+properties, empty inputs and refusals (docs/formats.md section 4)."""
 
 import ml_dtypes
 import numpy as np
@@ -135,6 +135,32 @@ def test_per_block_matches_per_tensor_on_each_tile(w):
 
 
 @settings(max_examples=50, deadline=None)
+@given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=2, max_dims=2, max_side=300), elements=finite))
+def test_per_block_ue8m0_is_per_tensor_against_the_rounded_scale(w):
+    """UE8M0 tile scales: the smallest power of two at or above the float32 scale (1 for an
+    all-zero tile), and each tile's codes those of a static per-tensor scale of that value."""
+    q, s = cq.quantize_fp8_per_block(w, scale_format="ue8m0")
+    _, s32 = cq.quantize_fp8_per_block(w)
+    mant, _ = np.frexp(s.astype(np.float64))
+    assert np.all(mant == 0.5) and np.all(s >= s32) and np.all(s < 2 * s32.astype(np.float64))
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            tile = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+            qt, _ = cq.quantize_fp8_per_tensor(tile, scale=float(s[i, j]))
+            assert_same_bits(q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128], qt)
+
+
+def test_per_block_ue8m0_by_hand():
+    w = np.zeros((130, 129), np.float32)
+    w[0, 0] = 448.0 * 3  # scale 3 -> 4; 1344 / 4 = 336, a tie between e4m3 320 and 352
+    w[129, 128] = -2.0 ** -130  # a subnormal scale, 1.14 * 2**-139, rounds up to 2**-138
+    q, s = cq.quantize_fp8_per_block(w, scale_format="ue8m0")
+    assert s.dtype == np.float32 and s.shape == (2, 2)
+    assert s.tolist() == [[4.0, 1.0], [1.0, 2.0 ** -138]]
+    assert float(q[0, 0]) == 320.0 and float(q[129, 128]) == -256.0  # -2**-130 / 2**-138
+
+
+@settings(max_examples=50, deadline=None)
 @given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=2, max_dims=2, max_side=300), elements=finite),
        st.sampled_from([32, 64, 128, 256]))
 def test_token_group_relative_error(x, g):
@@ -182,6 +208,10 @@ REFUSALS = [
     (cq.quantize_fp8_per_token_group, (Q.view(FP8),), {}, TypeError, ["x", "float8_e4m3fn"]),
     (cq.quantize_fp8_per_block, (X,), {"block_size": (64, 64)}, ValueError, ["block_size"]),
     (cq.quantize_fp8_per_block, (X[0],), {}, ValueError, ["w", "(256,)"]),
+    (cq.quantize_fp8_per_block, (X,), {"scale_format": "e8m0"}, ValueError,
+     ["scale_format", "e8m0"]),
+    (cq.quantize_fp8_per_block, (X,), {"policy": "tiles"}, TypeError,
+     ["policy", "KernelPolicy", "str"]),
     (cq.quantize_fp8_per_row, (np.float32(1.0),), {}, ValueError, ["x", "got shape ()"]),
     (cq.quantize_fp8_per_tensor, (X,), {"scale": -1.0}, ValueError, ["scale"]),
     (cq.dequantize_fp8_per_token_group, (Q, np.ones((4, 1), np.float32), BF16), {}, ValueError,

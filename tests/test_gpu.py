@@ -13,12 +13,12 @@ import pytest
 
 import cuquant as cq
 from _util import assert_same_bits
-from cuquant import _registry
-from cuquant._dtypes import E4M3, FLOATS, INT8
+from cuquant import testing
+from cuquant._core.dtypes import E4M3, FLOATS, INT8
 
 pytestmark = pytest.mark.gpu
 
-OPS = _registry.all_ops()
+OPS = testing.all_ops()
 VARIANT_SHAPES = ((37, 999), (130, 257), (64, 7168), (3, 16400))
 
 
@@ -75,7 +75,7 @@ def test_matches_numpy(op, dtype, shape, variant, rng):
 # ---------------------------------------------------------------------------------------
 # The benchmark's large shapes
 
-LARGE_SHAPES = ((4096, 7168), _registry.HEADLINE)
+LARGE_SHAPES = ((4096, 7168), testing.HEADLINE)
 
 
 def _large_cases():
@@ -113,7 +113,7 @@ def _row_lengths(exact_teams: bool, smooth: bool = False) -> list[int]:
     of vectors: each team size, whole-warp teams of any count included, is met with its
     last vectors full and with one vector more than the team before it can hold. `smooth`:
     the geometries of smooth_quant_rows (rows of up to 4096 vectors)."""
-    from cuquant import _symmetric
+    from cuquant._cuda import symmetric as _symmetric
 
     if smooth:
         pick, every, top = _symmetric.smooth_geometry, _symmetric.smooth_geometries(), 4096
@@ -129,44 +129,52 @@ def _row_lengths(exact_teams: bool, smooth: bool = False) -> list[int]:
     return sorted({8 * n for lo, hi in ends.values() for n in (lo, hi)})
 
 
-@pytest.fixture
-def smooth_rows_kernel(monkeypatch):
-    """SmoothQuant through smooth_quant_rows at every size, with its wide geometries (it
-    is taken from 2**23 elements on, the wide geometries from 2**25; smaller problems take
-    the general row kernel)."""
-    from cuquant import _fast, _symmetric
+# SmoothQuant through smooth_quant_rows at every size, with its wide geometries (by default
+# it is taken from 2**23 elements on, the wide geometries from 2**25; smaller problems take
+# the general row kernel).
+SMOOTH_ROWS = cq.KernelPolicy(smooth_rows_min_elements=0, smooth_wide_min_elements=0)
 
-    monkeypatch.setattr(_symmetric, "SMOOTH_ROWS_MIN_ELEMENTS", 0)
-    monkeypatch.setattr(_symmetric, "SMOOTH_WIDE_MIN_ELEMENTS", 0)  # every geometry is a wide one
-    monkeypatch.setattr(_fast, "_table", {})  # replays were made under the old threshold
-    _symmetric._plans.clear()
-    yield
-    _symmetric._plans.clear()
+
+def smooth_kernels(built) -> list:
+    """((threads a team, vectors a thread), FULL) of each smooth_quant_rows kernel among the
+    name expressions `built` (see cuquant._cuda.kernels.recording)."""
+    import re
+
+    found = []
+    for e in built:
+        m = re.fullmatch(r"cq::smooth_quant_rows<[^,]+, \d+, (\d+), (\d+), (true|false)>", e)
+        if m:
+            found.append(((int(m[1]), int(m[2])), m[3] == "true"))
+    return found
+
+
+@pytest.fixture
+def built_kernels():
+    """Fresh launch plans for the test, and the list of the name expressions of the kernels
+    its plans ask for, in order."""
+    from cuquant._cuda import kernels, launch
+
+    launch.clear_plans()
+    with kernels.recording() as built:
+        yield built
+    launch.clear_plans()
 
 
 @pytest.mark.parametrize("name", ["quantize_int8_per_channel", "quantize_fp8_per_row", "smooth_quant"])
-def test_every_row_geometry(name, rng, request, monkeypatch):
-    from cuquant import _symmetric
-
+def test_every_row_geometry(name, rng, built_kernels):
     picked = []  # smooth_quant_rows' (K, geometry, FULL) launched
-    if name == "smooth_quant":
-        request.getfixturevalue("smooth_rows_kernel")
-        expr, plan = _symmetric.smooth_expr, _symmetric._smooth_plan
-        monkeypatch.setattr(_symmetric, "_smooth_plan",
-                            lambda key, t, code, rows, k, *rest: picked.append([k])
-                            or plan(key, t, code, rows, k, *rest))
-        monkeypatch.setattr(_symmetric, "smooth_expr",
-                            lambda t, vec, geom, full: picked[-1].extend((geom, full))
-                            or expr(t, vec, geom, full))
     fn = getattr(cq, name)
+    kwargs = {"policy": SMOOTH_ROWS} if name == "smooth_quant" else {}
     lengths = _row_lengths(exact_teams=name != "smooth_quant", smooth=name == "smooth_quant")
     if name == "smooth_quant":  # rows of 8n - 1 elements take the general row kernel
         lengths += [k - 1 for k in lengths if k > 8 and k <= 4096]
     for k in lengths:
-        x = _registry.float_input(np, rng, (5, k), "bfloat16")
+        x = testing.float_input(np, rng, (5, k), "bfloat16")
         args = (x, rng.uniform(0.25, 4.0, k).astype(np.float32)) if name == "smooth_quant" else (x,)
-        host, dev = _run_both(SimpleNamespace(fn=fn), args, {})
+        del built_kernels[:]
+        host, dev = _run_both(SimpleNamespace(fn=fn), args, kwargs)
         _compare(None, host, dev, f"{name} K={k}")
+        picked += [[k, geom, full] for geom, full in smooth_kernels(built_kernels)]
     if name == "smooth_quant":  # FULL exactly where a row fills a team of whole warps
         for k, (tpg, vpt), full in picked:
             assert full == (tpg >= 32 and k == tpg * vpt * 8), (k, tpg, vpt, full)
@@ -196,27 +204,16 @@ def _edges(x: np.ndarray, rng, with_nan: bool) -> np.ndarray:
     return x
 
 
-def _fresh_group_plans(monkeypatch) -> list:
-    """The group-wise launch plans made afresh for one test (no plan or kept replay from
-    before; a replay keeps the plan it was made with). Returns the list that the name
-    expression of every kernel those plans ask for is appended to, in order."""
-    from cuquant import _fast, groupwise
-
-    monkeypatch.setattr(_fast, "_table", {})
-    monkeypatch.setattr(groupwise, "_plans", {})
-    built = []
-    function = groupwise._kernels.function
-    monkeypatch.setattr(groupwise._kernels, "function",
-                        lambda src, expr, device: (built.append(expr), function(src, expr, device))[1])
-    return built
 
 
-def _compare_edge_rows(op, shape, dtype, variant, rng, what: str) -> int:
+def _compare_edge_rows(op, shape, dtype, variant, rng, what: str, policy=None) -> int:
     """The op on random inputs of `shape` with edge rows in place of random ones (without,
     then with NaN; where x is 2-D with 8 rows or more) against the NumPy backend, bit for
-    bit. Returns the size of x."""
+    bit, under `policy` (the default one when None). Returns the size of x."""
     for with_nan in (False, True):
         args, kwargs = op.make(np, rng, shape, dtype, **variant)
+        if policy is not None:
+            kwargs = dict(kwargs, policy=policy)
         x = args[0]
         if x.ndim == 2 and x.shape[0] >= 8:
             args = (_edges(x, rng, with_nan),) + tuple(args[1:])
@@ -394,7 +391,7 @@ def test_division_against_div_rn(rng):
     codes still match, which is all the quotient is used for."""
     import cupy as cp
 
-    from cuquant import _kernels
+    from cuquant._cuda import kernels as _kernels
 
     src = _kernels.source("common.cuh") + r"""
 extern "C" __global__ void check_divide(const float* a, const float* b, unsigned* bad, long long n) {
@@ -439,7 +436,7 @@ def test_division_by_reciprocal_against_div_rn(rng):
     quotient stays below 2**-67, with one correction or two."""
     import cupy as cp
 
-    from cuquant import _kernels
+    from cuquant._cuda import kernels as _kernels
 
     src = _kernels.source("common.cuh") + r"""
 extern "C" __global__ void check(const float* a, const float* b, unsigned* bad, long long n) {
@@ -488,7 +485,7 @@ def test_division_by_reciprocal_every_16_bit_dividend(bits):
     Without the correction the same check sees mismatches."""
     import cupy as cp
 
-    from cuquant import _kernels
+    from cuquant._cuda import kernels as _kernels
 
     src = _kernels.source("common.cuh") + r"""
 extern "C" __global__ void check(int bits, unsigned* bad) {
@@ -545,22 +542,17 @@ def _smooth_rows(rng, rows: int, smooth: np.ndarray, dtype: str) -> np.ndarray:
 
 @pytest.mark.parametrize("wide", [True, False])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_smooth_quant_rows(dtype, wide, rng, smooth_rows_kernel, monkeypatch):
+def test_smooth_quant_rows(dtype, wide, rng, built_kernels):
     """Every kind of row (_smooth_rows) in one launch, blocks of one and of many rows, with
     factors in the fast path's range and with one outside it (0, inf, NaN, subnormal,
     2**-33, 2**33), against the NumPy backend; wide and narrow geometries."""
-    from cuquant import _symmetric
+    from cuquant._cuda import symmetric as _symmetric
 
-    if not wide:
-        monkeypatch.setattr(_symmetric, "SMOOTH_WIDE_MIN_ELEMENTS", 1 << 62)
-    picked = []  # the geometries smooth_quant_rows was launched with
-    expr = _symmetric.smooth_expr
-    monkeypatch.setattr(_symmetric, "smooth_expr",
-                        lambda t, vec, geom, full: picked.append(geom) or expr(t, vec, geom, full))
+    policy = SMOOTH_ROWS if wide else SMOOTH_ROWS.replace(smooth_wide_min_elements=1 << 62)
     nvec_7168 = 7168 * np.dtype(FLOATS[dtype].numpy).itemsize // 16
     assert _symmetric.smooth_geometry(nvec_7168, True) != _symmetric.smooth_geometry(nvec_7168, False)
     for k in (40, 1000, 7168):
-        picked.clear()
+        del built_kernels[:]
         inside = rng.uniform(0.5, 2, k) * 2.0 ** rng.integers(-4, 5, k) * rng.choice([-1, 1], k)
         inside[:2] = (2.0 ** -32, -(2.0 ** 32))
         outside = inside.copy()
@@ -568,13 +560,15 @@ def test_smooth_quant_rows(dtype, wide, rng, smooth_rows_kernel, monkeypatch):
         for smooth in (inside.astype(np.float32), outside.astype(np.float32)):
             x = _smooth_rows(rng, 90, np.where(np.isfinite(smooth) & (smooth != 0), smooth, 1),
                              dtype)
-            host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth), {})
+            host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth),
+                                  {"policy": policy})
             _compare(None, host, dev, f"smooth_quant K={k} {dtype}")
         nvec = k * np.dtype(FLOATS[dtype].numpy).itemsize // 16
+        picked = [geom for geom, _ in smooth_kernels(built_kernels)]
         assert set(picked) == {_symmetric.smooth_geometry(nvec, wide)}, (k, picked)
 
 
-def test_smooth_quant_quotients(rng, smooth_rows_kernel):
+def test_smooth_quant_quotients(rng):
     """One nonzero element a row, so its quotient x / smooth is the row's amax, which the
     scale shows: quotients log-uniform over [2**-30, 2**110] (both ends of the fast path
     and past them), factors over [2**-32, 2**32], float32 dividends of full precision."""
@@ -585,23 +579,18 @@ def test_smooth_quant_quotients(rng, smooth_rows_kernel):
     quot = 2.0 ** rng.uniform(-30, 110, rows) * rng.choice([-1.0, 1.0], rows)
     x = np.zeros((rows, k), np.float32)
     x[np.arange(rows), col] = (quot * smooth[col].astype(np.float64)).astype(np.float32)
-    host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth), {})
+    host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth),
+                          {"policy": SMOOTH_ROWS})
     _compare(None, host, dev, "smooth_quant one element a row")
 
 
 @pytest.mark.parametrize("k", [7168, 7160])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_smooth_quant_near_half_integers(dtype, k, smooth_rows_kernel, monkeypatch):
+def test_smooth_quant_near_half_integers(dtype, k, built_kernels):
     """Quotients x / smooth / scale on half-integers and next to them, which the rows
     kernel's codes from x / smooth * RN(1 / scale) cannot settle and divide again: whole
     rows of them, rows with one of them among ordinary quotients, in full rows (FULL) and
     not (K = 7160), against the NumPy backend."""
-    from cuquant import _symmetric
-
-    picked = []
-    expr = _symmetric.smooth_expr
-    monkeypatch.setattr(_symmetric, "smooth_expr",
-                        lambda t, vec, geom, full: picked.append(full) or expr(t, vec, geom, full))
     g = np.random.default_rng(7)
     rows = 600
     halves = np.arange(k) % 255 - 127 + 0.5  # -126.5 ... 127.5, amax 127 below
@@ -616,14 +605,16 @@ def test_smooth_quant_near_half_integers(dtype, k, smooth_rows_kernel, monkeypat
     x *= smooth
     smooth[5::11] = 1 + 2.0 ** -23  # quotients one ulp off the half-integers
     x = x.astype(FLOATS[dtype].numpy)
-    host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth.astype(np.float32)), {})
+    host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x, smooth.astype(np.float32)),
+                          {"policy": SMOOTH_ROWS})
     _compare(None, host, dev, f"smooth_quant near half-integers {dtype} K={k}")
+    picked = [full for _, full in smooth_kernels(built_kernels)]
     assert picked == [k == 7168]  # FULL where rows fill the team's vectors
 
 
 @pytest.mark.parametrize("k", [7168, 7160])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_smooth_quant_close_maxima(dtype, k, smooth_rows_kernel):
+def test_smooth_quant_close_maxima(dtype, k):
     """Rows whose largest quotients x / smooth lie within 3 ulps of one value, in about five
     of 512 columns spread over the row (so over a team's threads and warps), a different
     five in each row. One product x * RN(1 / smooth) a column does not order them as the
@@ -642,32 +633,29 @@ def test_smooth_quant_close_maxima(dtype, k, smooth_rows_kernel):
     x = g.uniform(-0.4, 0.4, (rows, k)) * smooth  # quotients below 0.4
     x[:, cols] = np.where(g.random((rows, 512)) < 0.01, near.astype(np.float64), near * 0.5)
     x *= 2.0 ** g.integers(-8, 9, (rows, 1))
-    host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x.astype(t), smooth), {})
+    host, dev = _run_both(SimpleNamespace(fn=cq.smooth_quant), (x.astype(t), smooth),
+                          {"policy": SMOOTH_ROWS})
     _compare(None, host, dev, f"smooth_quant close maxima {dtype} K={k}")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_smooth_quant_rows_from_the_counter(dtype, rng, smooth_rows_kernel, monkeypatch):
+def test_smooth_quant_rows_from_the_counter(dtype, rng, built_kernels):
     """Full rows of 7 vectors a thread take their rows after the first two from a counter in
     the stream's workspace: one row, rows below and just past two rows a team (1056 for an
     H200's 528 teams, the rows dealt before the counter's first), every kind of row (some divide again, so teams run at different paces),
     two streams at once, each call against the NumPy backend; every workspace zeroed after."""
     import cupy as cp
-    from cuquant import _gpu, _symmetric
-
-    picked = []
-    expr = _symmetric.smooth_expr
-    monkeypatch.setattr(_symmetric, "smooth_expr",
-                        lambda t, vec, geom, full: picked.append((geom, full)) or expr(t, vec, geom, full))
+    from cuquant._cuda import launch as _gpu
     k = 7168
     smooth = (rng.uniform(0.5, 2, k) * rng.choice([-1, 1], k)).astype(np.float32)
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
     for rows in (1, 1000, 1057, 2500):
         xs = [_smooth_rows(rng, rows, smooth, dtype) for _ in streams]
-        want = [cq.smooth_quant(x, smooth) for x in xs]
+        want = [cq.smooth_quant(x, smooth, policy=SMOOTH_ROWS) for x in xs]
         ins = [(cp.asarray(x), cp.asarray(smooth)) for x in xs]
         cp.cuda.get_current_stream().synchronize()
-        got = [cq.smooth_quant(*a, stream=s) for a, s in zip(ins, streams)]  # both in flight
+        got = [cq.smooth_quant(*a, stream=s, policy=SMOOTH_ROWS)  # both in flight
+               for a, s in zip(ins, streams)]
         for s in streams:
             s.synchronize()
         for h, d in zip(want, got):
@@ -675,6 +663,7 @@ def test_smooth_quant_rows_from_the_counter(dtype, rng, smooth_rows_kernel, monk
         dev = cp.cuda.Device().id
         for s in streams + [cp.cuda.get_current_stream()]:
             assert not _gpu.workspace(dev, s).any(), f"workspace left set after {rows} rows"
+    picked = smooth_kernels(built_kernels)
     assert set(picked) == {((128, 7), True)}, picked  # the geometry that takes rows from the counter
 
 
@@ -801,7 +790,9 @@ def test_replays_match_numpy(op, variant, rng):
     seed, an array given by keyword, a strided scale) go the whole way each time."""
     import cupy as cp
 
-    from cuquant import _arrays, _fast
+    from cuquant._core import arrays as _arrays
+
+    from cuquant._core import replay as _fast
 
     _arrays.cupy_module()  # CuPy known to cuquant: calls on its arrays can be kept
     _fast.clear()

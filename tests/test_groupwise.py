@@ -1,6 +1,6 @@
-"""Group-wise integer quantization in DeepSpeed's format on the NumPy backend (SPEC
-section 5): golden cases by hand, properties, batched dequantization, the specialization
-table, empty inputs and refusals."""
+"""Group-wise integer quantization in DeepSpeed's format on the NumPy backend
+(docs/formats.md section 5): golden cases by hand, properties, batched dequantization, the
+specialization table, empty inputs and refusals."""
 
 import itertools
 
@@ -13,9 +13,11 @@ from hypothesis.extra import numpy as hnp
 
 import cuquant as cq
 from _util import assert_refused, assert_same_bits
-from cuquant import groupwise as gw
+from cuquant._cuda import groups as gw
+from cuquant._cuda import groupwise as ds
+from cuquant._numpy import groupwise as _numpy_groupwise
 from cuquant._numpy.groupwise import group_multipliers
-from cuquant._dtypes import FLOATS
+from cuquant._core.dtypes import FLOATS
 
 BF16 = ml_dtypes.bfloat16
 F32 = np.float32
@@ -23,7 +25,7 @@ F32 = np.float32
 
 def codes_of(q, bits):
     """The signed codes of quantize_groupwise output, unpacked."""
-    return gw._numpy.groupwise._codes(q, bits)
+    return _numpy_groupwise._codes(q, bits)
 
 
 def nibbles(q):
@@ -263,15 +265,15 @@ def test_batched_equals_one_call_each(rng):
 # Every specialization a launcher can pick is enumerated (and so compile-checked)
 
 def test_launchable_specializations_are_enumerated():
-    from cuquant import zero_point
+    from cuquant._cuda import zero_point
 
-    listed = {e for _, e in itertools.chain(gw.specializations(), zero_point.specializations())}
+    listed = {e for _, e in itertools.chain(ds.specializations(), zero_point.specializations())}
     sizes = sorted({1, 2, 3, 5, 6, 7, 24, 100, 136, 513, 4000, 20000, 65536, 131072, 300000}
                    | {1 << i for i in range(18)} | {3 << i for i in range(16)})
     # The staged and tile kernels each plan can pick: (staged format, units a thread,
     # two-pass sizes, tile format), for DeepSpeed's under every STAGED setting the tests
     # use, for the zero point's by mode.
-    ds_staged = [(gw._ds_format, hold, gw.TWO_PASS_UNITS, gw._ds_format) for hold in (2, 4, 8)]
+    ds_staged = [(ds._ds_format, hold, gw.TWO_PASS_UNITS, ds._ds_format) for hold in (2, 4, 8)]
     zp_staged = list(zero_point.KERNELS_BY_MODE.values())
     for t, bits, g in itertools.product(FLOATS.values(), gw.BITS, sizes):
         for fmt, big, types, staged_plans in (
@@ -292,7 +294,7 @@ def test_launchable_specializations_are_enumerated():
                                     else gw.staged_geometry(units, hold))
                             expr = gw.quant_staged_expr(fmt_of_bits(bits), t, geom)
                             assert expr in listed, (expr, g, hold)
-                    if units in gw.TILES["units"]:
+                    if units in cq.DEFAULT_POLICY.tile_units:
                         expr = gw.quant_tile_expr(tile_fmt_of_bits(bits), t,
                                                   gw.tile_geometry(units))
                         assert expr in listed, (expr, g)
@@ -305,7 +307,7 @@ def test_launchable_specializations_are_enumerated():
         # d: units of a group (fast path) or the group size (general path).
         for vec, d in itertools.product((out.vector_width, gw.general_vec(bits)), range(1, 40)):
             for sym in (False, True):
-                expr, _ = gw.dequant_kernel(gw._ds_codes(bits, sym), out, vec, d, gw.DQ_UNROLL)
+                expr, _ = gw.dequant_kernel(ds._ds_codes(bits, sym), out, vec, d, gw.DQ_UNROLL)
                 assert expr in listed, expr
             for ts in ("float16", "bfloat16"):
                 expr, _ = gw.dequant_kernel(zero_point._zp_codes(bits, FLOATS[ts]), out, vec, d,
@@ -313,13 +315,13 @@ def test_launchable_specializations_are_enumerated():
                 assert expr in listed, expr
         for g in range(1, 40):
             for sym in (False, True):
-                assert gw.dequant_spanning_expr(gw._ds_codes(bits, sym), out, g,
+                assert gw.dequant_spanning_expr(ds._ds_codes(bits, sym), out, g,
                                                 gw.DQ_UNROLL) in listed, (g, sym)
             for ts in ("float16", "bfloat16"):
                 assert gw.dequant_spanning_expr(zero_point._zp_codes(bits, FLOATS[ts]), out, g,
                                                 zero_point.DQ_UNROLL) in listed, (g, ts)
-        assert gw.batched_expr(out) in listed
-    n_gw, n_zp = len(list(gw.specializations())), len(list(zero_point.specializations()))
+        assert ds.batched_expr(out) in listed
+    n_gw, n_zp = len(list(ds.specializations())), len(list(zero_point.specializations()))
     # No duplicates, and a bound that keeps the compile check's time in hand (805 now).
     assert len(listed) == n_gw + n_zp and n_gw + n_zp < 820
 
@@ -327,49 +329,73 @@ def test_launchable_specializations_are_enumerated():
 def test_tile_geometry():
     """A tile holds at most TILE_MAX_GROUPS groups (the kernel's shared-memory tables) and
     whole groups at every step of a warp (32 units); the table's units a lane otherwise."""
-    for units in gw.TILES["units"]:
+    for units in cq.DEFAULT_POLICY.tile_units:
         upg, k = gw.tile_geometry(units)
         assert upg == units and 32 % units == 0 and k >= 1
         assert 32 * k // units <= gw.TILE_MAX_GROUPS
-        assert k == min(gw.TILES["units_per_lane"], gw.TILE_MAX_GROUPS * units // 32)
+        assert k == min(cq.DEFAULT_POLICY.tile_units_per_lane, gw.TILE_MAX_GROUPS * units // 32)
     assert gw.tile_geometry(16) == (16, 8) and gw.tile_geometry(2) == (2, 4)
     assert gw.tile_geometry(16, 16) == (16, 16) and gw.tile_geometry(4, 16) == (4, 8)
 
 
-def test_tile_grid(monkeypatch):
+@pytest.fixture
+def planned(monkeypatch):
+    """Launch plans made without a GPU: the loader hands out a kernel's name expression and
+    notes it, a device holds 264 blocks of any kernel at once (the device's stand-ins, not a
+    choice of kernel). Yields the list of the name expressions the plans ask for."""
+    from cuquant._cuda import kernels, launch
+
+    class Kernel:
+        def __init__(self, expr):
+            self.expr = expr
+
+    class Launch:
+        def __init__(self, fn, nargs, smem=0):
+            self.fn, self.smem = fn, smem
+
+    built = []
+    monkeypatch.setattr(kernels, "function",
+                        lambda src, expr, device: (built.append(expr), Kernel(expr))[1])
+    monkeypatch.setattr(launch, "resident_blocks", lambda *a, **k: 264)
+    monkeypatch.setattr(launch, "Launch", Launch)
+    launch.clear_plans()
+    yield built
+    launch.clear_plans()
+
+
+def _plan(t, n, g, aligned, persistent=True, policy=cq.DEFAULT_POLICY):
+    """The quantizer's plan for n elements of t in groups of g, with distinct formats for the
+    general ("F"), staged ("S") and tile ("T") kernels."""
+    return gw._problem_plan("groupwise.cu", "F", "S", "T", t, 8, n, g, aligned, True, 0,
+                            gw.TWO_PASS_UNITS, persistent, 0, policy)
+
+
+def test_tile_grid(planned):
     """The tile kernel's grid: the blocks resident at once where it is persistent (DeepSpeed's
     format), a block for each block's worth of tiles where not (the zero point), never more
-    than TILES["max_blocks"] when that is set."""
-    monkeypatch.setitem(gw.TILES, "on", True)
-    # 8 warps a block, 8 units a lane, 16 units a group: 128 groups a block's tiles.
-    monkeypatch.setattr(gw, "_quant_tile_plan", lambda *a: ("L", 256, 128, 264))
+    than the policy's tile_max_blocks when that is set."""
     fp16 = FLOATS["float16"]
+    policy = cq.KernelPolicy(tiles=True)
 
-    def grid(n, persistent):
-        return gw._problem_plan("groupwise.cu", "F", "S", "T", fp16, 8, n, 128, True, True, 0,
-                                gw.TWO_PASS_UNITS, persistent, 0)[1]
+    def grid(n, persistent, policy=policy):
+        plan = _plan(fp16, n, 128, True, persistent, policy)
+        assert planned[-1].startswith("cq::quantize_groups_tiles<T,"), planned
+        return plan[1]
 
+    # 8 warps a block, 8 units a lane, 16 units a group: 128 groups a block's tiles.
     n = 16384 * 7168  # 917504 groups
     assert grid(n, True) == 264 and grid(n, False) == 7168
     assert grid(128 * 128 * 3 + 128, True) == 4 and grid(128 * 128 * 3 + 128, False) == 4
-    monkeypatch.setitem(gw.TILES, "max_blocks", 1)
-    assert grid(n, True) == 1 and grid(n, False) == 1
+    policy = policy.replace(tile_max_blocks=1)
+    assert grid(n, True, policy) == 1 and grid(n, False, policy) == 1
 
 
 @pytest.mark.parametrize("on", [False, True])
-def test_tile_kernel_choice(on, monkeypatch):
-    """Where the tile kernel is on, the plan takes it for aligned inputs of at least one tile
-    whose groups are 2-32 whole units, with the tile kernel's format; nowhere else."""
-    picked = []
-
-    def kernel(name, plan):
-        return lambda *a: (picked.append((name,) + a[1:2]), plan)[1]
-
-    monkeypatch.setitem(gw.TILES, "on", on)
-    monkeypatch.setattr(gw, "staged_device", lambda device: True)
-    monkeypatch.setattr(gw, "_quant_tile_plan", kernel("tiles", ("L", 256, 1, 1)))
-    monkeypatch.setattr(gw, "_quant_staged_plan", kernel("staged", ("L", 2, 32768, 1, 1)))
-    monkeypatch.setattr(gw, "_quant_plan", kernel("held", ("L", 256, 1, 1)))
+def test_tile_kernel_choice(on, planned):
+    """Where the policy has the tile kernel on, the plan takes it for aligned inputs of at
+    least one tile whose groups are 2-32 whole units, with the tile kernel's format;
+    nowhere else."""
+    policy = cq.KernelPolicy(tiles=on, staged=True)  # staged: as on a device with bulk copies
     fp16, fp32 = FLOATS["float16"], FLOATS["float32"]
     cases = [  # (type, n, g, aligned, the kernel where tiles are on)
         (fp16, 16384 * 7168, 128, True, "tiles"),
@@ -384,14 +410,18 @@ def test_tile_kernel_choice(on, monkeypatch):
         (fp32, 16384 * 7168, 128, True, "tiles"),    # 32 units
         (fp32, 16384 * 7168, 256, True, "staged"),   # 64 units
     ]
+    kernels = {"tiles": "cq::quantize_groups_tiles<T,", "staged": "cq::quantize_groups_staged<S,",
+               "held": "cq::quantize_groups<F,"}
+    from cuquant._cuda import launch
+
     for t, n, g, aligned, where in cases:
-        del picked[:]
-        gw._problem_plan("groupwise.cu", "F", "S", "T", t, 8, n, g, aligned, True, 0,
-                         gw.TWO_PASS_UNITS, True, 0)
+        launch.clear_plans()  # each case asks for its kernel afresh
+        del planned[:]
+        _plan(t, n, g, aligned, policy=policy)
         want = where if on or where != "tiles" else (
-            "staged" if n * t.numpy.itemsize >= gw.STAGED["min_bytes"] else "held")
-        assert [p[0] for p in picked] == [want], (t.name, n, g, aligned, on, picked)
-        assert picked[0][1] == {"tiles": "T", "staged": "S", "held": "F"}[want]
+            "staged" if n * t.numpy.itemsize >= policy.staged_min_bytes else "held")
+        assert len(planned) == 1 and planned[0].startswith(kernels[want]), \
+            (t.name, n, g, aligned, on, planned)
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,8 +15,13 @@ import pytest
 
 import cuquant as cq
 from _util import assert_same_bits
-from cuquant import _fast, _numpy
-from cuquant import groupwise as gw
+from cuquant import _numpy
+from cuquant._core import replay as _fast
+from cuquant._cuda import groups as gw
+from cuquant._cuda import groupwise as ds
+from cuquant._cuda import launch
+from cuquant._core.dtypes import FLOATS
+from test_gpu import built_kernels  # noqa: F401 - a fixture
 from cuquant._numpy.groupwise import group_multipliers
 from cuquant.zero_point import random_bits
 
@@ -140,7 +145,7 @@ def _planned_small(g: int) -> bool:
 @pytest.mark.parametrize("shape,g,dtype", [
     pytest.param(shape, g, dtype, id=f"{shape}-g{g}-{dtype}") for (shape, g), dtype
     in itertools.product(SMALL_CASES, DTYPES)
-    if gw.small_smem_bytes(g, np.dtype(DTYPES[dtype]).itemsize) <= gw.SMALL["smem"]])
+    if gw.small_smem_bytes(g, np.dtype(DTYPES[dtype]).itemsize) <= cq.DEFAULT_POLICY.small_smem])
 def test_small_groups_match_numpy(shape, g, dtype, rng):
     t = DTYPES[dtype]
     n = int(np.prod(shape))
@@ -150,8 +155,7 @@ def test_small_groups_match_numpy(shape, g, dtype, rng):
             continue
         x = edge_values(rng, n, t, g).reshape(shape)
         what = f"{shape} g={g} {dtype} bits={bits} sym={sym} unaligned={unaligned}"
-        gw._plans.clear()
-        _fast.clear()
+        launch.clear_plans()
         q, p = cq.quantize_groupwise(dev(x, unaligned), bits, sym, g)
         assert _planned_small(g), what + ": the small-group kernel did not run"
         qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
@@ -166,8 +170,7 @@ def test_small_groups_match_numpy(shape, g, dtype, rng):
         x, kw, kwh = _zero_point_inputs(rng, shape, dtype, g, source, unaligned)
         what = (f"zero point {shape} g={g} {dtype} bits={bits} {rounding} {source} "
                 f"unaligned={unaligned}")
-        gw._plans.clear()
-        _fast.clear()
+        launch.clear_plans()
         got = cq.quantize_groupwise_zero_point(dev(x, unaligned), bits, g, rounding, **kw)
         assert _planned_small(g), what + ": the small-group kernel did not run"
         want = cq.quantize_groupwise_zero_point(x, bits, g, rounding, **kwh)
@@ -175,20 +178,21 @@ def test_small_groups_match_numpy(shape, g, dtype, rng):
             assert_same_bits(a, b, f"{what} {name}")
 
 
-def _check_dequantizers(rng, cases):
+def _check_dequantizers(rng, cases, policy=cq.DEFAULT_POLICY):
     """Every group-wise dequantizer (DeepSpeed's four, the zero point's two) of codes from
     edge values, to every output dtype, against the host's, bit for bit: for each case
-    ((shape, group size)) and output, six calls in that order."""
+    ((shape, group size)) and output, six calls in that order, under `policy`."""
     for (shape, g), out in itertools.product(cases, OUTS):
         x = edge_values(rng, int(np.prod(shape)), np.float16, g).reshape(shape)
         for bits, sym in itertools.product((4, 8), (False, True)):
             qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
-            y = cq.dequantize_groupwise(dev(qh), dev(ph), bits, sym, g, out)
+            y = cq.dequantize_groupwise(dev(qh), dev(ph), bits, sym, g, out, policy=policy)
             assert_same_bits(y, _numpy.dequantize_groupwise(qh, ph, bits, sym, g, out),
                              f"{shape} g={g} bits={bits} sym={sym} to {out}")
         for bits in (4, 8):
             qh, sh, zh, _ = cq.quantize_groupwise_zero_point(x, bits, g)
-            y = cq.dequantize_groupwise_zero_point(dev(qh), dev(sh), dev(zh), g, out)
+            y = cq.dequantize_groupwise_zero_point(dev(qh), dev(sh), dev(zh), g, out,
+                                                   policy=policy)
             assert_same_bits(y, cq.dequantize_groupwise_zero_point(qh, sh, zh, g, out),
                              f"{shape} g={g} zero point bits={bits} to {out}")
 
@@ -200,19 +204,26 @@ WARP_CASES = [((37, 992), 32), ((5, 1088), 136), ((3, 40), 40), ((7, 48), 48), (
               ((9, 4096), 2048), ((1, 64), 64), ((130, 4096), 128), ((2, 1000), 8)]
 
 
-def test_dequantizers_sharing_a_warps_parameters(rng, monkeypatch):
+def _dequantizers_built(built, prefix: str):
+    """(output type, units of output a vector, the expression's last parameters) of each
+    group-wise dequantizer among the name expressions `built`, of the kernel `prefix`."""
+    by_cxx = {t.cxx: t for t in FLOATS.values()}
+    found = []
+    for e in built:
+        if e.startswith(prefix + "<"):
+            out, vec, *rest = e[:-1].rsplit(", ", 4)[-4:]  # the format's codes may hold ", "
+            found.append((by_cxx[out], int(vec), rest))
+    return found
+
+
+def test_dequantizers_sharing_a_warps_parameters(rng, built_kernels):
     picked = []
-    real = gw.dequant_kernel
-
-    def spy(codes, out, vec, d, unroll):
-        expr, units = real(codes, out, vec, d, unroll)
-        picked.append((expr.endswith("true>"), out.name, d if vec == out.vector_width else 0))
-        return expr, units
-
-    monkeypatch.setattr(gw, "dequant_kernel", spy)
-    monkeypatch.setattr(gw, "_plans", {})
-    _fast.clear()
-    _check_dequantizers(rng, WARP_CASES)
+    for shape, g in WARP_CASES:
+        del built_kernels[:]
+        _check_dequantizers(rng, [(shape, g)])
+        for out, vec, (_, warp) in _dequantizers_built(built_kernels, "cq::dequantize_groups"):
+            d = g // vec  # units of a group on the fast path
+            picked.append((warp == "true", out.name, d if vec == out.vector_width else 0))
     # Every call planned its launch, each with the kernel its groups call for.
     assert len(picked) == len(WARP_CASES) * len(OUTS) * 6
     for warp, out, d in picked:
@@ -231,19 +242,14 @@ SPANNING_CASES = [((37, 820), 20), ((5, 300), 1), ((11, 780), 3), ((9, 1020), 6)
 
 
 @pytest.mark.parametrize("spanning", [True, False])
-def test_dequantizers_spanning_groups(spanning, rng, monkeypatch):
+def test_dequantizers_spanning_groups(spanning, rng, built_kernels):
     picked = []
-    real = gw.dequant_spanning_expr
-
-    def spy(codes, out, g, unroll):
-        picked.append((out.name, g))
-        return real(codes, out, g, unroll)
-
-    monkeypatch.setattr(gw, "dequant_spanning_expr", spy)
-    monkeypatch.setitem(gw.SPANNING, "on", spanning)
-    monkeypatch.setattr(gw, "_plans", {})
-    _fast.clear()
-    _check_dequantizers(rng, SPANNING_CASES)
+    policy = cq.KernelPolicy(spanning=spanning)
+    for shape, g in SPANNING_CASES:
+        del built_kernels[:]
+        _check_dequantizers(rng, [(shape, g)], policy)
+        picked += [(out.name, g) for out, _, _ in
+                   _dequantizers_built(built_kernels, "cq::dequantize_groups_spanning")]
     # Six calls (four DeepSpeed, two zero point) for each case and output whose groups are
     # not whole units of that output.
     assert picked == [(out, g) for (_, g), out in itertools.product(SPANNING_CASES, OUTS)
@@ -405,13 +411,11 @@ HUGE_CASES = {128: "quant-tiles", 512: "quant", 20: "quant-small"}
 
 
 @pytest.mark.parametrize("g", list(HUGE_CASES))
-def test_zero_point_huge_bfloat16_scales(g, rng, monkeypatch):
+def test_zero_point_huge_bfloat16_scales(g, rng, built_kernels):
     """bf16 groups from 1e30 to 1e38 wide: from about s = 2**104 on, M * s (M = 1.5 * 2**23,
     the fast reconstruction's constant) overflows float32, and such a group must take the
     careful arithmetic. Rows on both sides of that bound, every rounding, and the kernel
     the group size takes checked."""
-    monkeypatch.setattr(gw, "_plans", {})
-    _fast.clear()
     t, m = ml_dtypes.bfloat16, 10
     width = 10.0 ** np.linspace(30, 38, m)
     x = (rng.uniform(-1, 1, (m, 8 * g)) * width[:, None]).astype(np.float32).astype(t)
@@ -484,7 +488,7 @@ def _batch(rng, sizes, groups, unaligned_every=2):
 
 
 def test_batched_matches_numpy_in_one_launch(rng, monkeypatch):
-    from cuquant import _gpu
+    from cuquant._cuda import launch as _gpu
 
     items, host = _batch(rng, [int(v) for v in rng.integers(100, 200000, 24)],
                          (128, 24, 1, 2048, 7, 136))
@@ -504,10 +508,12 @@ def test_batched_replays_match_numpy(rng, monkeypatch):
     """Three batches of the same shapes and alignments on fresh data: the second and third
     run the first one's replay (kept in the table), still in one launch, with the NumPy
     backend's bits."""
-    from cuquant import _arrays, _fast, _gpu
+    from cuquant._core import arrays as _arrays
+    from cuquant._core import replay as _fast
+    from cuquant._cuda import launch as _gpu
 
     _arrays.cupy_module()
-    monkeypatch.setattr(_fast, "_table", {})
+    _fast.clear()
     sizes = [int(v) for v in rng.integers(100, 200000, 12)]
     calls = []
     original = _gpu.Launch.__call__

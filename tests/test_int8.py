@@ -1,5 +1,5 @@
 """INT8 family on the NumPy backend: golden cases derived by hand, properties, round
-trips, empty inputs and refusals (SPEC section 3)."""
+trips, empty inputs and refusals (docs/formats.md section 3)."""
 
 import itertools
 import ml_dtypes
@@ -236,7 +236,7 @@ def test_refusals(fn, args, kwargs, exc, words):
 @pytest.mark.parametrize("exact_teams", [True, False],
                          ids=["whole-warp teams", "power-of-two teams"])
 def test_row_geometries_hold_their_groups(exact_teams):
-    from cuquant import _symmetric
+    from cuquant._cuda import symmetric as _symmetric
 
     listed = set(_symmetric.geometries(exact_teams))
     for nvec in range(1, 4200):
@@ -256,8 +256,8 @@ def test_smooth_rows_kernel_is_listed_and_fits():
     # SmoothQuant rows of 16-byte vectors that a team holds take smooth_quant_rows where
     # its shared memory (K reciprocals, K factors and the next row) fits a block: on an
     # H100 / H200 (227 KB) every row of up to 16384 elements does.
-    from cuquant import _symmetric
-    from cuquant._dtypes import FLOATS
+    from cuquant._cuda import symmetric as _symmetric
+    from cuquant._core.dtypes import FLOATS
 
     listed = {e for _, e in _symmetric.specializations()}
     for t in FLOATS.values():
@@ -279,7 +279,7 @@ def test_smooth_rows_kernel_is_listed_and_fits():
 
 def test_plan_tables_are_bounded(monkeypatch):
     # A server meeting ever new shapes must not grow the launch-plan tables without end.
-    from cuquant import _gpu
+    from cuquant._cuda import launch as _gpu
 
     monkeypatch.setattr(_gpu, "PLAN_LIMIT", 3)
     table: dict = {}

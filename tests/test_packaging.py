@@ -33,7 +33,7 @@ def test_installed_wheel_works_outside_the_checkout(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(site)
     code = (
         "import cuquant, numpy as np\n"
-        "from cuquant import _kernels\n"
+        "from cuquant._cuda import kernels as _kernels\n"
         "d = _kernels.source_dir()\n"
         "assert 'site' in str(d) and d.joinpath('symmetric.cu').is_file(), d\n"
         "assert '#include' not in _kernels.source('symmetric.cu')\n"

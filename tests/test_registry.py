@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import cuquant
-from cuquant import _registry
+from cuquant import testing
 
 from benchmarks import harness
 from benchmarks.__main__ import _bench_dtype
 
-OPS = _registry.all_ops()
+OPS = testing.all_ops()
 
 
 @pytest.mark.parametrize("op", OPS, ids=[o.name + (f"-{o.notes}" if o.notes else "") for o in OPS])
@@ -38,7 +38,7 @@ def test_baselines_accept_the_benchmark_arguments(op):
 def test_torch_baselines_run_at_the_small_benchmark_shapes(op):
     torch = pytest.importorskip("torch")  # CPU tensors of the NumPy arguments
     rng = np.random.default_rng(0)
-    shapes = [s for s in op.bench_shapes if s in _registry.SMALL_SHAPES] or list(op.bench_shapes[:1])
+    shapes = [s for s in op.bench_shapes if s in testing.SMALL_SHAPES] or list(op.bench_shapes[:1])
     for variant in op.bench_variants:
         for shape in shapes:
             args, kwargs = op.make(np, rng, shape, _bench_dtype(op, ""), **variant)

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cuquant import _fast
+from cuquant._core import replay as _fast
 
 
 # ---------------------------------------------------------------------------------------
@@ -156,7 +156,10 @@ def test_the_table_stays_bounded(fake, monkeypatch):
 
 cp = pytest.importorskip("cupy")
 
-from cuquant import _arrays, _gpu, _kernels, _registry, _symmetric, groupwise, zero_point  # noqa: E402
+from cuquant import groupwise, testing  # noqa: E402
+from cuquant._core import arrays as _arrays  # noqa: E402
+from cuquant._cuda import kernels as _kernels  # noqa: E402
+from cuquant._cuda import launch as _gpu  # noqa: E402
 
 BASE = 0x7F0000000000  # device memory that is never touched: nothing is launched
 
@@ -186,10 +189,7 @@ def recorded(monkeypatch):
 
     previous = cp.cuda.get_allocator()
     cp.cuda.set_allocator(lambda n: mem)
-    saved = [(t, dict(t)) for t in (_symmetric._plans, groupwise._plans, zero_point._outputs,
-                                    _fast._table)]
-    for t, _ in saved:
-        t.clear()
+    _gpu.clear_plans()
     monkeypatch.setattr(_fast, "ND", cp.ndarray)
     monkeypatch.setattr(_fast, "_device", lambda: 0)
     monkeypatch.setattr(_fast, "_stream", lambda: stream)
@@ -206,9 +206,7 @@ def recorded(monkeypatch):
         yield mem, launches
     finally:
         cp.cuda.set_allocator(previous)
-        for t, content in saved:
-            t.clear()
-            t.update(content)
+        _gpu.clear_plans()  # plans of stand-in kernels
 
 
 def _on_device(mem, args, kwargs, offset):
@@ -229,7 +227,7 @@ def _on_device(mem, args, kwargs, offset):
 
 
 CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
-         for i, op in enumerate(_registry.all_ops()) if op.name != "dequantize_groupwise_batched"
+         for i, op in enumerate(testing.all_ops()) if op.name != "dequantize_groupwise_batched"
          for j, variant in enumerate(op.variants)]
 
 
@@ -276,7 +274,7 @@ def test_batched_replay_uploads_the_table_the_first_call_uploaded(recorded, monk
     monkeypatch.setattr(cp.cuda, "get_current_stream", lambda: cp.cuda.Stream.null)
     from cuquant import dequantize_groupwise_batched
 
-    host_items = groupwise.batched_inputs(np, rng, 6, 4096)
+    host_items = testing.groups.batched_inputs(np, rng, 6, 4096)
     first, second = ([tuple(_on_device(mem, it[:2], {}, at + 65536 * i)[0]) + tuple(it[2:])
                       for i, it in enumerate(host_items)] for at in (1 << 30, 1 << 31))
     out1 = dequantize_groupwise_batched(first, "float16")

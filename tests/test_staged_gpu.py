@@ -13,29 +13,30 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cuquant import _registry
-from test_gpu import _compare_edge_rows, _fresh_group_plans
+from cuquant import testing
+from cuquant._core.dtypes import FLOATS
+import cuquant as cq
+from test_gpu import _compare_edge_rows, built_kernels  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.gpu
 
 CONFIGS = {"default-stages": {}, "2KB-stages": {"stage_bytes": 2048},
-           "two-units": {"hold": 2, "hold_large": 2, "two_pass": False, "stage_bytes": 4096},
-           "one-pass": {"two_pass": False, "hold_large": 4}}
+           "two-units": {"staged_hold": 2, "staged_hold_large": 2, "staged_two_pass": False,
+                         "stage_bytes": 4096},
+           "one-pass": {"staged_two_pass": False, "staged_hold_large": 4}}
 STAGED_FAMILIES = ("groupwise", "zero_point")
 
 
 def _fits(op, variant, dtype, config) -> bool:
     """Whether the case's groups are whole 16-byte units that fit one stage."""
-    from cuquant import groupwise
-
     g = variant["group_size"]
     size = {"float16": 2, "bfloat16": 2, "float32": 4}[dtype]
-    stage = CONFIGS[config].get("stage_bytes", groupwise.STAGED["stage_bytes"])
+    stage = CONFIGS[config].get("stage_bytes", cq.DEFAULT_POLICY.stage_bytes)
     return (g * size) % 16 == 0 and g * size <= stage
 
 
 def _staged_cases():
-    for op in _registry.all_ops():
+    for op in testing.all_ops():
         if op.kind != "quantize" or op.family not in STAGED_FAMILIES:
             continue
         for variant in op.variants:
@@ -47,40 +48,33 @@ def _staged_cases():
 
 
 @pytest.fixture
-def staged(monkeypatch):
-    """The staged kernel for every input size, with fresh launch plans; configure(name)
-    picks the stage geometry, plans() lists the staged plans made so far."""
-    from cuquant import groupwise
-
-    built = _fresh_group_plans(monkeypatch)
-    monkeypatch.setitem(groupwise.STAGED, "min_bytes", 0)
-    monkeypatch.setitem(groupwise.TILES, "on", False)  # it would take these groups first
-    monkeypatch.setattr(groupwise, "staged_device", lambda device: True)
+def staged(built_kernels):
+    """A policy (`policy`) with the staged kernel for every input size on any device and
+    the tile kernel off (it would take these groups first), fresh launch plans;
+    configure(name) picks the stage geometry, kernels() lists the staged kernels the plans
+    asked for."""
 
     class Staged:
-        @staticmethod
-        def configure(name):
-            for key, value in CONFIGS[name].items():
-                monkeypatch.setitem(groupwise.STAGED, key, value)
+        policy = cq.KernelPolicy(staged_min_bytes=0, tiles=False, staged=True)
 
-        @staticmethod
-        def plans():
-            return [k for k in groupwise._plans if k[0] == "quant-staged"]
+        def configure(self, name):
+            self.policy = self.policy.replace(**CONFIGS[name])
 
         @staticmethod
         def kernels():
             """The staged kernels the plans asked for (name expressions)."""
-            return [e for e in built if "staged" in e]
+            return [e for e in built_kernels if "staged" in e]
 
-    return Staged
+    return Staged()
 
 
 @pytest.mark.parametrize("op,variant,dtype,config", list(_staged_cases()))
 def test_staged_matches_numpy(op, variant, dtype, config, staged, rng):
     staged.configure(config)
     for shape in op.shapes:
-        _compare_edge_rows(op, shape, dtype, variant, rng, f"{op.name} {shape} {variant}")
-    assert staged.plans(), f"{op.name} {variant} never took the staged kernel"
+        _compare_edge_rows(op, shape, dtype, variant, rng, f"{op.name} {shape} {variant}",
+                           staged.policy)
+    assert staged.kernels(), f"{op.name} {variant} never took the staged kernel"
     units = variant["group_size"] * {"float32": 4}.get(dtype, 2) // 16
     # The DeepSpeed format for every divisor of 32 units; the zero point by rounding:
     # nearest and the caller's words from 2 to 32 units, seeded words at 4.
@@ -88,7 +82,7 @@ def test_staged_matches_numpy(op, variant, dtype, config, staged, rng):
         sizes = (1, 2, 4, 8, 16, 32)
     else:
         sizes = (4,) if variant.get("source") == "seed" else (2, 4, 8, 16, 32)
-    two_pass = units in sizes and CONFIGS[config].get("two_pass", True)
+    two_pass = units in sizes and CONFIGS[config].get("staged_two_pass", True)
     assert {e.endswith(", 0>") for e in staged.kernels()} == {not two_pass}, \
         (config, staged.kernels())
 
@@ -100,9 +94,9 @@ def test_every_staged_geometry(dtype, bits, staged, rng):
     units: the two-pass kernel up to 32 units, one pass above (8 units a thread for 16-bit
     data, 4 for float32), three stages' worth of groups with edge values each, both
     symmetries, against the NumPy backend bit for bit."""
-    import cuquant as cq
     from _util import assert_same_bits
-    from cuquant import _numpy, groupwise
+    from cuquant import _numpy
+    from cuquant._cuda import groups as groupwise
     from test_groupwise_gpu import DTYPES, dev, edge_values
 
     t = DTYPES[dtype]
@@ -111,16 +105,16 @@ def test_every_staged_geometry(dtype, bits, staged, rng):
     fmt = f"cq::DeepSpeed<{bits}>"
     for units in (1 << i for i in range(12)):
         g = units * vec
-        groups = 3 * (groupwise.STAGED["stage_bytes"] // (g * size))
+        groups = 3 * (staged.policy.stage_bytes // (g * size))
         x = edge_values(rng, groups * g, t, g).reshape(groups, g)
         for sym in (False, True):
             what = f"{dtype} bits={bits} sym={sym} g={g}"
-            q, p = cq.quantize_groupwise(dev(x), bits, sym, g)
+            q, p = cq.quantize_groupwise(dev(x), bits, sym, g, policy=staged.policy)
             qh, ph = _numpy.quantize_groupwise(x, bits, sym, g)
             assert_same_bits(q, qh, what + " codes")
             assert_same_bits(p, ph, what + " params")
         geom = (groupwise.two_pass_geometry(units) if units <= 32
                 else groupwise.staged_geometry(units, 8 if size == 2 else 4))
-        assert groupwise.staged_choice(units, groupwise.FLOATS[dtype]) == geom
-        want = groupwise.quant_staged_expr(fmt, groupwise.FLOATS[dtype], geom)
+        assert groupwise.staged_choice(units, FLOATS[dtype]) == geom
+        want = groupwise.quant_staged_expr(fmt, FLOATS[dtype], geom)
         assert staged.kernels()[-1] == want, (units, staged.kernels()[-2:])

@@ -1,5 +1,5 @@
 """Group-wise quantization with a zero point and stochastic rounding on the NumPy backend
-(SPEC section 6): golden cases by hand, the counter-based generator, unbiasedness of
+(docs/formats.md section 6): golden cases by hand, the counter-based generator, unbiasedness of
 stochastic rounding, properties, empty inputs and refusals."""
 
 import ml_dtypes

@@ -1,13 +1,13 @@
 """The three steps every symmetric format shares, in NumPy: choose the scale, quantize,
 dequantize. float32 throughout; NumPy's float32 division is IEEE correctly rounded and
-keeps subnormals, which is what the contract asks for (SPEC section 1)."""
+keeps subnormals, which is what the contract asks for (docs/formats.md section 1)."""
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 
-from .._dtypes import E4M3, INT8, CodeType, FloatType
+from .._core.dtypes import E4M3, INT8, CodeType, FloatType
 
 F32 = np.float32
 _FP8 = np.dtype(ml_dtypes.float8_e4m3fn)

@@ -1,11 +1,11 @@
-"""NumPy twins of the FP8 e4m3 family (SPEC section 4): same names, signatures and bits as
+"""NumPy twins of the FP8 e4m3 family (docs/formats.md section 4): same names, signatures and bits as
 the GPU kernels. Codes come out as ml_dtypes.float8_e4m3fn; inputs are checked upstream."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._dtypes import E4M3, FLOAT32, FloatType
+from .._core.dtypes import E4M3, FLOAT32, FloatType
 from . import _core
 
 ROW_EPS = np.float32(1e-4)
@@ -45,7 +45,7 @@ def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row"
     return q, s
 
 
-def quantize_fp8_per_block(w, block_size=(128, 128)):
+def quantize_fp8_per_block(w, block_size=(128, 128), scale_format="float32"):
     bn, bk = block_size
     w32 = _core.f32(w)
     n, k = w32.shape
@@ -54,6 +54,8 @@ def quantize_fp8_per_block(w, block_size=(128, 128)):
     padded[:n, :k] = np.abs(w32)
     amax = np.max(padded.reshape(tn, bn, tk, bk), axis=(1, 3))
     s = _core.scale_zero_is_one(amax, E4M3)
+    if scale_format == "ue8m0":
+        s = _core.ceil_pow2(s)
     full = np.repeat(np.repeat(s, bn, axis=0), bk, axis=1)[:n, :k]
     return _core.quantize(w32, full, E4M3), s
 

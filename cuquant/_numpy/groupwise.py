@@ -1,4 +1,4 @@
-"""NumPy twins of the group-wise integer family in DeepSpeed's format (SPEC section 5):
+"""NumPy twins of the group-wise integer family in DeepSpeed's format (docs/formats.md section 5):
 same names, signatures and bits as the GPU kernels. Inputs are valid NumPy arrays (the
 public functions check them).
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._dtypes import FloatType, float_type_named
+from .._core.dtypes import FloatType, float_type_named
 from . import _core
 
 F32 = np.float32
@@ -79,7 +79,7 @@ def unpacked_shape(shape: tuple, bits: int) -> tuple:
 
 def group_multipliers(lo, hi, bits, symmetric):
     """(mult, offset) of groups with float32 minima lo and maxima hi: the code of x is
-    rne((x - offset) * mult), clamped (SPEC section 5)."""
+    rne((x - offset) * mult), clamped (docs/formats.md section 5)."""
     rng = F32(1 << bits)
     with np.errstate(all="ignore"):
         if symmetric:

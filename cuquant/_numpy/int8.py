@@ -1,11 +1,11 @@
-"""NumPy twins of the INT8 family (SPEC section 3): same names, signatures and bits as the
+"""NumPy twins of the INT8 family (docs/formats.md section 3): same names, signatures and bits as the
 GPU kernels. Inputs are valid NumPy arrays (the public functions check them)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._dtypes import FLOAT32, INT8, FloatType
+from .._core.dtypes import FLOAT32, INT8, FloatType
 from . import _core
 
 

@@ -1,11 +1,11 @@
-"""NumPy twins of group-wise quantization with a zero point (SPEC section 6), and the
+"""NumPy twins of group-wise quantization with a zero point (docs/formats.md section 6), and the
 counter-based generator that `seed=` uses, vectorized: same bits as the GPU kernels."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._dtypes import float_type_of
+from .._core.dtypes import float_type_of
 from . import _core
 from .groupwise import F32, group_min_max, out_type, pack_nibbles, unpack_nibbles
 

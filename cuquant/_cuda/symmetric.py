@@ -14,16 +14,17 @@ import itertools
 
 import numpy as np
 
-from . import _gpu, _kernels
-from ._arrays import cupy_module
-from ._fast import offer
-from ._dtypes import E4M3, FLOAT32, FLOATS, INT8, CodeType, FloatType
-from ._op import contiguous
+from .._core.arrays import contiguous, cupy_module
+from .._core.dtypes import E4M3, FLOAT32, FLOATS, INT8, CodeType, FloatType
+from .._core.replay import offer
+from . import kernels as _kernels
+from . import launch as _gpu
+from .policy import DEFAULT_POLICY, KernelPolicy
 
 SRC = "symmetric.cu"
 
 # Scale rules (cuda_src/common.cuh, ScaleRule); NO_EPS is the floor of rules without one.
-ZERO_IS_ONE, FLOOR_EPS, FLOOR_EPS_POW2 = 0, 1, 2
+ZERO_IS_ONE, FLOOR_EPS, FLOOR_EPS_POW2, ZERO_IS_ONE_POW2 = 0, 1, 2, 3
 NO_EPS = np.float32(0)
 
 TENSOR_CACHE = 4  # vectors per thread the per-tensor kernel keeps on chip
@@ -60,18 +61,14 @@ def geometry(nvec: int, exact_teams: bool = True) -> tuple[int, int]:
     return (1024, 0)
 
 
-# smooth_quant_rows holds a row's float32 quotients. Large problems (from
-# SMOOTH_WIDE_MIN_ELEMENTS on) give rows of more than 128 vectors the smallest
+# smooth_quant_rows holds a row's float32 quotients. Large problems (from the policy's
+# `smooth_wide_min_elements` on) give rows of more than 128 vectors the smallest
 # power-of-two team that holds them at up to 7 vectors a thread (so 4-7; a 7168-element
 # bf16 row is 128 threads x 7, no slot empty); 8 spill at the 128 registers a thread has
 # with a multiprocessor's 512 threads in use. Other problems, and shorter rows, take
 # `geometry`'s teams of up to 4 vectors, which finish a row sooner: with few rows a team,
 # that wins.
-# Measured on an H200, bf16, us, 4 / up to 7 vectors (benchmarks/NOTES.md): 2048 x 7168
-# 19.4 / 22.9, 4096 x 7168 32.3 / 34.0, 8192 x 7168 57.6 / 56.0, 16384 x 7168 107.7 /
-# 100.5; 1024 x 14336 21.3 / 23.5, 2048 x 14336 34.6 / 35.7, 4096 x 14336 61.5 / 59.8.
 SMOOTH_VECTORS_MAX = 7
-SMOOTH_WIDE_MIN_ELEMENTS = 1 << 25
 
 
 def smooth_geometry(nvec: int, wide: bool = True) -> tuple[int, int]:
@@ -109,6 +106,11 @@ def _b(v: bool) -> str:
     return "true" if v else "false"
 
 
+# The tile quantizer's scale rules: float32 scales, and UE8M0 scales (rounded up to a power
+# of two).
+TILE_RULES = (ZERO_IS_ONE, ZERO_IS_ONE_POW2)
+
+
 # (code, rule) of the row kernels that can store their scales in the input's 16-bit type
 # (scale_dtype): per channel, per row.
 ROUNDED_SCALE_KINDS = ((INT8, ZERO_IS_ONE), (E4M3, FLOOR_EPS))
@@ -143,8 +145,11 @@ def static_expr(t: FloatType, code: CodeType, vec: int) -> str:
     return f"cq::quantize_static<{t.cxx}, {code.cxx}, {vec}>"
 
 
-def tiles_expr(t: FloatType, code: CodeType, vec: int) -> str:
-    return f"cq::quantize_tiles<{t.cxx}, {code.cxx}, {vec}>"
+def tiles_expr(t: FloatType, code: CodeType, vec: int, rule: int = ZERO_IS_ONE) -> str:
+    """The tile quantizer; its scale rule is a template parameter that defaults to
+    ZERO_IS_ONE (float32 scales), ZERO_IS_ONE_POW2 for UE8M0 scales."""
+    tail = "" if rule == ZERO_IS_ONE else f", {rule}"
+    return f"cq::quantize_tiles<{t.cxx}, {code.cxx}, {vec}{tail}>"
 
 
 # Where a dequantized element's scale is (cuda_src/symmetric.cu, ScaleMode).
@@ -177,14 +182,15 @@ def specializations():
             for code in (INT8, E4M3):
                 yield SRC, tensor_expr(t, code, vec)
                 yield SRC, static_expr(t, code, vec)
-            yield SRC, tiles_expr(t, E4M3, vec)
+            for rule in TILE_RULES:
+                yield SRC, tiles_expr(t, E4M3, vec, rule)
     for code, out, mode in itertools.product((INT8, E4M3), FLOATS.values(),
                                              (PER_TENSOR, PER_ROW, PER_GROUP, PER_TILE)):
         for vec in (out.vector_width, 1):
             yield SRC, dequant_expr(code, out, vec, mode)
 
 
-_plans: dict = {}  # launch plans by problem (_gpu.remember keeps it bounded)
+_plans = _gpu.plan_table()  # launch plans by problem (_gpu.remember keeps it bounded)
 
 
 _U8, _I8, _F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float32)
@@ -257,13 +263,9 @@ def row_threads(tpg: int) -> int:
     return tpg if tpg >= 256 or 256 % tpg else 256
 
 
-# SmoothQuant problems smaller than this take the general row kernel: each block of
-# smooth_quant_rows first builds its tables of smooth and 1 / smooth, which small calls do
-# not earn back. Measured on an H200 (bf16, benchmarks/NOTES.md), general against rows
-# kernel: 128 x 7168 7.4 / 8.4 us, 1024 x 7168 15.6 / 16.1, 2048 x 7168 24.7 / 21.3,
-# 128 x 14336 7.9 / 9.4, 1024 x 14336 32.6 / 21.8; at K = 4096 the rows kernel was ahead at
-# every size, by 0.3-0.9 us below this threshold.
-SMOOTH_ROWS_MIN_ELEMENTS = 1 << 23
+# SmoothQuant problems smaller than the policy's `smooth_rows_min_elements` take the general
+# row kernel: each block of smooth_quant_rows first builds its tables of smooth and
+# 1 / smooth, which small calls do not earn back.
 
 
 def smooth_shared_bytes(k: int, threads: int, geom) -> int:
@@ -287,14 +289,15 @@ def _smooth_plan(key, t, code, rows, k, vec, geom, threads, smem, device):
 
 
 def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bits, layout,
-                     q_shape, scale_shape, scale_type, device):
+                     q_shape, scale_shape, scale_type, device,
+                     policy: KernelPolicy = DEFAULT_POLICY):
     vec = t.vector_width if aligned and k % t.vector_width == 0 else 1
     gpr = -(-k // group)
     nvec = -(-min(group, k) // vec)
     geom = geometry(nvec, exact_teams=not smooth)
     threads = row_threads(geom[0])
-    if smooth and vec > 1 and geom[1] and rows * k >= max(SMOOTH_ROWS_MIN_ELEMENTS, 1):
-        sgeom = smooth_geometry(nvec, rows * k >= SMOOTH_WIDE_MIN_ELEMENTS)
+    if smooth and vec > 1 and geom[1] and rows * k >= max(policy.smooth_rows_min_elements, 1):
+        sgeom = smooth_geometry(nvec, rows * k >= policy.smooth_wide_min_elements)
         sthreads = smooth_threads(*sgeom)
         smem = smooth_shared_bytes(k, sthreads, sgeom)
         if smem <= _gpu.props(device)["smem_optin"]:
@@ -321,7 +324,8 @@ def _row_groups_plan(key, t, code, rule, rows, k, group, aligned, smooth, eps_bi
 
 def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
                         eps_bits: int = 0, smooth=None, scale_layout: str = "row",
-                        scale_shape=None, q_shape=None, scale_type: FloatType = FLOAT32):
+                        scale_shape=None, q_shape=None, scale_type: FloatType = FLOAT32,
+                        policy: KernelPolicy = DEFAULT_POLICY):
     """x: C-contiguous [rows, K]. Returns (q [rows, K], scale [rows, ceil(K/group)]) where
     scale is a strided view of a [groups, round_up(rows, 4)] buffer for layout "column"
     (its padding rows zero); `q_shape` and `scale_shape` allocate the outputs in other
@@ -333,12 +337,12 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
     sp = 0 if smooth is None else smooth.data.ptr
     key = ("rows", t.name, code.name, rule, rows, k, group, (xp | sp) % 16 == 0,
            smooth is not None, eps_bits, scale_layout, q_shape, scale_shape, scale_type.name,
-           x.data.device_id)
+           policy.key, x.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         plan = _row_groups_plan(key, t, code, rule, rows, k, group, (xp | sp) % 16 == 0,
                                 smooth is not None, eps_bits, scale_layout, q_shape, scale_shape,
-                                scale_type, x.data.device_id)
+                                scale_type, x.data.device_id, policy)
     if not plan.grid:
         q, buf = plan.outputs.make()
         return q, (buf[:, :rows].T if scale_layout == "column" else buf)
@@ -398,11 +402,12 @@ def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, s
     return replay(stream, (xp,))
 
 
-def quantize_tiles(stream, w, t: FloatType, code: CodeType):
-    """128x128 tiles of w [N, K]. Returns (q, scale [ceil(N/128), ceil(K/128)])."""
+def quantize_tiles(stream, w, t: FloatType, code: CodeType, rule: int = ZERO_IS_ONE):
+    """128x128 tiles of w [N, K] under a scale rule of TILE_RULES. Returns (q, scale
+    [ceil(N/128), ceil(K/128)])."""
     wp = w.data.ptr
     device = w.data.device_id
-    key = ("tiles", t.name, code.name, w.shape, wp % 16 == 0, device)
+    key = ("tiles", t.name, code.name, rule, w.shape, wp % 16 == 0, device)
     plan = _plans.get(key)
     if plan is None:
         n, k = w.shape
@@ -411,7 +416,7 @@ def quantize_tiles(stream, w, t: FloatType, code: CodeType):
         if k % vec or wp % 16:
             vec = 1
         grid = min(tn * tk, 1 << 20) if n and k else 0
-        plan = _gpu.remember(_plans, key, Plan(tiles_expr(t, code, vec), device, 8, grid, 256,
+        plan = _gpu.remember(_plans, key, Plan(tiles_expr(t, code, vec, rule), device, 8, grid, 256,
                                    _gpu.Outputs(((n, k), _code_dtype(code)), ((tn, tk), _F32)),
                                    (n, k, tn, tk, code.inv_qmax_bits)))
     if not plan.grid:
@@ -461,13 +466,13 @@ def run_tensor(stream, x, t: FloatType, code: CodeType, value=None, device_scale
 
 
 def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=NO_EPS, smooth=None,
-             scale_type: FloatType = FLOAT32):
+             scale_type: FloatType = FLOAT32, policy: KernelPolicy = DEFAULT_POLICY):
     """One group per row of the last axis (any rank); the scale has shape x.shape[:-1], of
     `scale_type` (float32, or t for ROUNDED_SCALE_KINDS)."""
     shape = x.shape
     k = shape[-1]
     if k == 0:  # an empty row's amax is 0
-        from ._numpy import _core
+        from .._numpy import _core
 
         fill = (_core.scale_zero_is_one(np.zeros(1, np.float32), code) if rule == ZERO_IS_ONE
                 else _core.scale_floor(np.zeros(1, np.float32), eps, code))
@@ -478,7 +483,7 @@ def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=NO_EPS, smo
     x = contiguous(x)
     return quantize_row_groups(stream, x if len(shape) == 2 else x.reshape(-1, k), t, code, rule,
                                k, _f32_bits(eps), None if smooth is None else contiguous(smooth),
-                               "row", shape[:-1], shape, scale_type), code is E4M3
+                               "row", shape[:-1], shape, scale_type, policy), code is E4M3
 
 
 def _f32_bits(v) -> int:
@@ -497,8 +502,8 @@ def run_groups(stream, x, t: FloatType, code: CodeType, rule: int, group: int,
                                scale_layout), code is E4M3
 
 
-def run_tiles(stream, w, t: FloatType, code: CodeType):
-    return quantize_tiles(stream, contiguous(w), t, code), code is E4M3
+def run_tiles(stream, w, t: FloatType, code: CodeType, rule: int = ZERO_IS_ONE):
+    return quantize_tiles(stream, contiguous(w), t, code, rule), code is E4M3
 
 
 def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity: str,
@@ -522,4 +527,4 @@ def run_dequantize(stream, q, scale, code: CodeType, out: FloatType, granularity
 __all__ = ["run_tensor", "run_rows", "run_groups", "run_tiles", "run_dequantize",
            "quantize_row_groups", "quantize_tensor", "quantize_static", "quantize_tiles",
            "dequantize", "specializations", "geometry", "ZERO_IS_ONE", "FLOOR_EPS",
-           "FLOOR_EPS_POW2"]
+           "FLOOR_EPS_POW2", "ZERO_IS_ONE_POW2"]

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _gpu
-from . import _validate as v
-from ._arrays import HOST, In, cupy_module, intake, outcome, same_place
-from ._dtypes import E4M3, FLOATS, INT8, float_type_named
+from . import validate as v
+from .arrays import HOST, In, contiguous, intake, outcome, same_place, stream_arg
+from .dtypes import E4M3, FLOATS, INT8, float_type_named
 
-__all__ = ["HOST", "In", "intake", "same_place", "host_results", "run_gpu", "stream_of",
+__all__ = ["HOST", "In", "intake", "same_place", "host_results", "stream_of",
            "contiguous", "scale_argument", "code_input", "out_dtype", "dequant_args",
            "check_one_value", "scale_type_of", "v", "FLOATS"]
 
@@ -24,7 +23,7 @@ _CODE_DTYPES = {
 def stream_of(stream, op: str):
     if stream is None:
         return None
-    return _gpu.stream_arg(stream, op)
+    return stream_arg(stream, op)
 
 
 def host_results(like: In, results):
@@ -35,16 +34,6 @@ def host_results(like: In, results):
         return tuple(outcome(like, r) for r in results)
     return outcome(like, results)
 
-
-run_gpu = _gpu.run  # the kernels' path (no wrapper: a call layer is a tenth of a microsecond)
-
-
-def contiguous(x):
-    """x in C order (copied only when it is not)."""
-    if isinstance(x, np.ndarray):
-        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
-    # CuPy's own flag: x.flags builds an object a call (a third of a microsecond).
-    return x if x._c_contiguous else cupy_module().ascontiguousarray(x)
 
 
 def code_input(a: In, op: str, arg: str, code) -> None:

@@ -11,7 +11,9 @@ The key holds everything the checks and the plan depend on: the op, every other 
 with its type (so ``group_size=True`` never reaches the replay of ``group_size=1``), and
 each array's shape, dtype, alignment (address mod 16) and device. Only C-contiguous CuPy
 arrays on the current device and stream take this path, and only plain values (numbers,
-strings, dtypes, tuples of them) beside them; anything else goes the whole way every time.
+strings, dtypes, tuples of them, and values of a type that declares `__replay_plain__`:
+immutable and compared by value, as the kernel policy) beside them; anything else goes the
+whole way every time.
 A replay is only ever left behind by a call that passed every check and made exactly one
 launch with the arrays as given (no copies), so a key reaches only work that call did."""
 
@@ -40,7 +42,7 @@ def _plain(v) -> bool:
     t = type(v)
     if t is tuple:
         return all(_plain(e) for e in v)
-    return t in _PLAIN or isinstance(v, np.dtype)
+    return t in _PLAIN or isinstance(v, np.dtype) or getattr(t, "__replay_plain__", False)
 
 
 def enable(cp) -> None:

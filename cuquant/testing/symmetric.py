@@ -1,76 +1,16 @@
-"""One declaration per public op: its dtypes, the variants and shapes to test and to
-benchmark, how to make realistic inputs, the bytes it moves, and the baseline expressions
-(torch eager / torch.compile / naive CuPy) to compare against. The GPU tests and the
-benchmark both enumerate `OPS`, so a new op cannot skip either.
-
-Inputs are made with an array module `xp` (NumPy or CuPy) so that benchmarks generate
-large inputs on the device."""
+"""The INT8 and FP8 families' declarations in the op table, with their inputs and their
+torch and CuPy baselines."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Callable
-
-import ml_dtypes
 import numpy as np
 
 import cuquant
-from cuquant._dtypes import FLOATS
 
-BENCH_SHAPES = ((1, 4096), (16, 4096), (128, 7168), (4096, 7168), (16384, 7168))
-SMALL_SHAPES = ((1, 4096), (16, 4096), (128, 7168))
-HEADLINE = (16384, 7168)
+from cuquant._core.dtypes import FLOATS
 
-TEST_SHAPES_2D = ((1, 1), (3, 5), (7, 128), (37, 999), (64, 7168), (130, 257), (256, 4096),
-                  (5, 16400), (2, 70000))
+from .ops import TEST_SHAPES_2D, F, Op, float_input
 
-
-@dataclass(frozen=True)
-class Op:
-    name: str
-    family: str
-    kind: str                        # "quantize" or "dequantize"
-    dtypes: tuple                    # input dtypes (quantizers) / output dtypes (dequantizers)
-    make: Callable                   # make(xp, rng, shape, dtype, **variant) -> (args, kwargs)
-    variants: tuple = ({},)
-    shapes: tuple = TEST_SHAPES_2D
-    bench_shapes: tuple = BENCH_SHAPES
-    bench_variants: tuple = ({},)
-    target: float = 0.92             # fraction of copy bandwidth at HEADLINE (SPEC section 8)
-    moved: Callable | None = None    # bytes really moved, where it differs from in + out
-    torch_ref: Callable | None = None
-    cupy_ref: Callable | None = None
-    notes: str = ""
-    fp8_outputs: tuple = field(default=())
-    bench_dtype: str | None = None   # the benchmark's input dtype (default bfloat16)
-    # The same work done another way (alternative(args, kwargs) -> a callable), timed
-    # beside the op by the benchmark, e.g. a batched call against one call per tensor.
-    alternative: Callable | None = None
-    alternative_name: str = ""
-
-    @property
-    def fn(self):
-        return getattr(cuquant, self.name)
-
-
-# ---------------------------------------------------------------------------------------
-# Inputs
-
-def float_input(xp, rng, shape, dtype, *, scale_rows=True):
-    """Weights-like data: normal, rows at different scales, a few outliers. `rng` is a
-    NumPy Generator (its seed drives CuPy's generator too)."""
-    seed = int(rng.integers(1 << 31))
-    g = xp.random.default_rng(seed)
-    x = g.standard_normal(size=shape, dtype=np.float32)
-    if scale_rows and len(shape) >= 2 and x.size:
-        rows = g.uniform(-3.0, 1.0, size=shape[:-1] + (1,)).astype(np.float32)
-        x = x * (10.0 ** rows)
-        flat = x.reshape(-1)
-        k = max(1, flat.size // 997)
-        idx = g.integers(0, flat.size, size=k)
-        flat[idx] = flat[idx] * 40.0
-    return x.astype(FLOATS[np.dtype(dtype).name if not isinstance(dtype, str) else dtype].numpy)
 
 
 def _x(xp, rng, shape, dtype, **kw):
@@ -226,10 +166,6 @@ def c_dequant_rows(q, s, dtype):
 # ---------------------------------------------------------------------------------------
 # The declarations
 
-F = ("float16", "bfloat16", "float32")
-H = ("float16", "bfloat16")
-
-
 def _two_reads(args, kwargs, outputs):
     x = args[0]
     return 2 * x.nbytes + sum(o.nbytes for o in outputs)
@@ -268,6 +204,7 @@ OPS: list[Op] = [
                       for fmt in ("float32", "ue8m0")),
        bench_variants=({"group_size": 128},), torch_ref=t_fp8_group, fp8_outputs=(0,)),
     Op("quantize_fp8_per_block", "fp8", "quantize", F, _x,
+       variants=({}, {"scale_format": "ue8m0"}),
        shapes=TEST_SHAPES_2D + ((128, 128), (576, 7168), (129, 1)), torch_ref=t_fp8_block,
        fp8_outputs=(0,)),
     Op("dequantize_fp8_per_tensor", "fp8", "dequantize", F,
@@ -280,32 +217,11 @@ OPS: list[Op] = [
                       for lay in ("row", "column")),
        bench_variants=({"group_size": 128},), torch_ref=t_dequant_group),
     Op("dequantize_fp8_per_block", "fp8", "dequantize", F,
-       _codes_of(cuquant.quantize_fp8_per_block), target=0.93, torch_ref=t_dequant_block),
+       _codes_of(cuquant.quantize_fp8_per_block), target=0.93,
+       variants=({}, {"scale_format": "ue8m0"}), torch_ref=t_dequant_block),
 ]
 
 
-def declared_names() -> set[str]:
-    return {op.name for op in OPS}
 
 
-def extend(ops, bench_dtype: str | None = None) -> None:
-    """Families declared in their own modules add themselves here."""
-    for op in ops:
-        OPS.append(dataclasses.replace(op, bench_dtype=bench_dtype) if bench_dtype else op)
-
-
-_LOADED = False
-
-
-def all_ops() -> list[Op]:
-    """Every declaration, the later families' included."""
-    global _LOADED
-    if not _LOADED:
-        from . import groupwise, zero_point  # noqa: F401 - they call extend()
-
-        _LOADED = True
-    return OPS
-
-
-__all__ = ["Op", "OPS", "all_ops", "extend", "float_input", "BENCH_SHAPES", "SMALL_SHAPES",
-           "HEADLINE", "TEST_SHAPES_2D", "F", "H", "ml_dtypes"]
+__all__ = ["OPS", "QUANTIZE_ONLY"]

@@ -9,7 +9,7 @@ import operator
 
 import numpy as np
 
-from ._dtypes import FLOATS, FloatType, float_type_of
+from .dtypes import FLOATS, FloatType, float_type_of
 
 
 def dtype_name(a) -> str:
@@ -104,3 +104,42 @@ def _check_positive_finite(value, op: str, arg: str) -> np.float32:
     if not (math.isfinite(f) and np.isfinite(f32) and f32 > 0):
         raise ValueError(f"{op}: {arg} must be a finite number > 0 (as float32); got {value!r}")
     return f32
+
+
+# ---------------------------------------------------------------------------------------
+# Group-wise formats (DeepSpeed's and the zero point's)
+
+BITS = (4, 8)  # the code widths of the group-wise formats
+
+
+def check_bits(bits, op: str, arg: str = "bits") -> int:
+    b = check_int(bits, op, arg)
+    check_choice(b, op, arg, BITS)
+    return b
+
+
+def check_bool(value, op: str, arg: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{op}: {arg} must be a bool (True or False); got {value!r}")
+    return bool(value)
+
+
+def check_group_size(group_size, op: str, n: int, what: str = "the size of x",
+                     arg: str = "group_size") -> int:
+    g = check_int(group_size, op, arg, minimum=1)
+    if n % g:
+        raise ValueError(f"{op}: {arg} must divide {what} ({n}); got {g}")
+    return g
+
+
+def check_even_last(a, op: str, arg: str, bits: int) -> None:
+    shape = tuple(a.data.shape)
+    if bits == 4 and (len(shape) == 0 or shape[-1] % 2):
+        raise ValueError(f"{op}: {arg} must have an even last axis for bits=4 (two codes a "
+                         f"byte); got shape {shape}")
+
+
+def check_exact_dtype(a, op: str, arg: str, dtype) -> None:
+    """a holds exactly `dtype` (codes of a given storage)."""
+    if a.data.dtype != dtype:
+        raise TypeError(f"{op}: {arg} must be {np.dtype(dtype).name}; got {dtype_name(a)}")

@@ -7,11 +7,11 @@ import ctypes
 import math
 import struct
 import threading
-import warnings
 
 import numpy as np
 
-from ._arrays import HOST, cupy_module, outcome, require_cupy
+from .._core import replay as _replay
+from .._core.arrays import HOST, cupy_module, outcome, require_cupy
 
 _props: dict = {}
 _workspaces: dict = {}
@@ -20,28 +20,6 @@ _lock = threading.Lock()
 
 NULL = np.uint64(0)  # a null pointer argument
 
-
-def stream_arg(stream, op: str):
-    """The stream= argument as a CuPy stream (None: the current CuPy stream at launch).
-    Accepts a CuPy stream, an object speaking the CUDA stream protocol (`__cuda_stream__`)
-    or holding a handle (`cuda_stream`, as torch.cuda.Stream does), or a raw cudaStream_t
-    as an int."""
-    if stream is None:
-        return None
-    cp = require_cupy(op)
-    if isinstance(stream, cp.cuda.Stream) or isinstance(stream, cp.cuda.ExternalStream):
-        return stream
-    if hasattr(stream, "__cuda_stream__") and hasattr(cp.cuda.Stream, "from_external"):
-        return cp.cuda.Stream.from_external(stream)
-    handle = getattr(stream, "cuda_stream", stream)
-    if isinstance(handle, bool) or not isinstance(handle, (int, np.integer)):
-        raise TypeError(
-            f"{op}: stream must be a CuPy stream, a torch.cuda.Stream or a cudaStream_t "
-            f"handle (int); got {type(stream).__name__}"
-        )
-    with warnings.catch_warnings():  # the one way CuPy takes a bare handle
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return cp.cuda.ExternalStream(int(handle))
 
 
 def run(like, stream, fn, *args):
@@ -186,6 +164,25 @@ def _maker(parts, total):
 
 PLAN_LIMIT = 4096  # launch plans a table keeps; past that it starts over (shapes vary in serving)
 
+_tables: list = []  # every plan table made by plan_table()
+
+
+def plan_table() -> dict:
+    """A new table of launch plans (filled through `remember`), one that `clear_plans`
+    empties."""
+    table: dict = {}
+    _tables.append(table)
+    return table
+
+
+def clear_plans() -> None:
+    """Forget every launch plan and every replay of a repeated call, so that the next calls
+    plan afresh and ask the loader for their kernels: the hook for tests that watch which
+    kernels a call takes (see `kernels.recording`)."""
+    for table in _tables:
+        table.clear()
+    _replay.clear()
+
 
 def remember(table: dict, key, plan):
     """Store a launch plan under its problem's key and return it, keeping the table
@@ -241,5 +238,6 @@ def blocks_for(work_items: int, per_block: int, cap: int = 1 << 20) -> int:
     return max(1, min(cap, -(-work_items // per_block)))
 
 
-__all__ = ["HOST", "NULL", "stream_arg", "run", "props", "resident_blocks", "workspace",
-           "fastdiv", "blocks_for", "Launch", "f32_bits", "Outputs", "remember"]
+__all__ = ["HOST", "NULL", "run", "props", "resident_blocks", "workspace",
+           "fastdiv", "blocks_for", "Launch", "f32_bits", "Outputs", "remember", "plan_table",
+           "clear_plans"]

@@ -1,4 +1,4 @@
-"""Arrays in and out (SPEC section 2).
+"""Arrays in and out (docs/formats.md section 2).
 
 `intake` turns whatever the caller passed into a backend array, NumPy on the host or CuPy
 on a CUDA device, and remembers the caller's family. `outcome` hands results back in that
@@ -9,11 +9,12 @@ integers, viewed back on the far side, since not every framework exchanges those
 from __future__ import annotations
 
 import sys
+import warnings
 
 import ml_dtypes
 import numpy as np
 
-from . import _fast
+from . import replay as _fast
 
 HOST = -1
 
@@ -60,6 +61,36 @@ def require_cupy(op: str):
             "`pip install cuquant[cuda13]`"
         )
     return cp
+
+def stream_arg(stream, op: str):
+    """The stream= argument as a CuPy stream (None: the current CuPy stream at launch).
+    Accepts a CuPy stream, an object speaking the CUDA stream protocol (`__cuda_stream__`)
+    or holding a handle (`cuda_stream`, as torch.cuda.Stream does), or a raw cudaStream_t
+    as an int."""
+    if stream is None:
+        return None
+    cp = require_cupy(op)
+    if isinstance(stream, cp.cuda.Stream) or isinstance(stream, cp.cuda.ExternalStream):
+        return stream
+    if hasattr(stream, "__cuda_stream__") and hasattr(cp.cuda.Stream, "from_external"):
+        return cp.cuda.Stream.from_external(stream)
+    handle = getattr(stream, "cuda_stream", stream)
+    if isinstance(handle, bool) or not isinstance(handle, (int, np.integer)):
+        raise TypeError(
+            f"{op}: stream must be a CuPy stream, a torch.cuda.Stream or a cudaStream_t "
+            f"handle (int); got {type(stream).__name__}"
+        )
+    with warnings.catch_warnings():  # the one way CuPy takes a bare handle
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cp.cuda.ExternalStream(int(handle))
+
+
+def contiguous(x):
+    """x in C order (copied only when it is not)."""
+    if isinstance(x, np.ndarray):
+        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
+    # CuPy's own flag: x.flags builds an object a call (a third of a microsecond).
+    return x if x._c_contiguous else cupy_module().ascontiguousarray(x)
 
 
 def intake(x, op: str, arg: str, stream=None) -> In:
