@@ -7,9 +7,19 @@ operators and writes shards plus an index; `dequantize_checkpoint` undoes it;
 rows, so host memory stays near one band, never one model. The output is written under a
 temporary name beside its final one and renamed only when complete.
 
-Each format is one entry of `FORMATS`: which library functions quantize and dequantize it,
-and the tensors it writes for a weight ``W``: the codes under the weight's own name, and
-one float32 companion (the scale, or DeepSpeed's params) under ``W + suffix``.
+The command writes the formats inference engines load (`COMMAND_FORMATS`): the
+compressed-tensors schemes and AWQ of `ENGINE_FORMATS` (cuquant/_engine_formats.py), and
+DeepSeek-V3's fp8-block. `FORMATS` holds cuquant's own layouts: fp8-block, and the
+formats no engine loads (int8-channel, int4-group, fp8-row), which Python callers may still
+write (``quant_method: "cuquant"``) and which `dequantize_checkpoint` and
+`inspect_checkpoint` still read. Each entry of `FORMATS` names the library functions that
+quantize and dequantize it, and the tensors it writes for a weight ``W``: the codes under
+the weight's own name, and one float32 companion (the scale, or DeepSpeed's params) under
+``W + suffix``.
+
+`dequantize_checkpoint` and `inspect_checkpoint` also read compressed-tensors and AWQ
+checkpoints made by other tools (llm-compressor, AutoAWQ), from config.json's
+``quantization_config``.
 """
 
 from __future__ import annotations
@@ -26,6 +36,20 @@ from pathlib import Path
 
 import numpy as np
 
+from ._engine_formats import (
+    AWQ_ORDER,
+    ENGINE_FORMATS,
+    EngineFormat,
+    awq_pack,
+    awq_quantization_config,
+    awq_unpack,
+    bytes_of_words,
+    ct_quantization_config,
+    nibbles,
+    pack_rows_4bit,
+    unpack_rows_4bit,
+    words_of_bytes,
+)
 from ._safetensors import (
     SafetensorsError,
     SafetensorsFile,
@@ -39,7 +63,11 @@ from ._safetensors import (
 # The safetensors reader and writer are re-exported here: they read F8_E4M3 tensors as
 # ml_dtypes.float8_e4m3fn arrays, which the safetensors package's NumPy API cannot.
 __all__ = [
+    "AWQ_ORDER",
+    "COMMAND_FORMATS",
     "DEFAULT_SKIP",
+    "ENGINE_FORMATS",
+    "EngineFormat",
     "FORMATS",
     "SCALE_FORMATS",
     "Backend",
@@ -161,6 +189,11 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
            companion_shape=lambda n, k, g: (n,),
            companion_rows=lambda r0, r1, n, k, g: (r0, r1)),
 )}
+
+# What `cuquant quantize` writes: the formats engines load.
+COMMAND_FORMATS = (*ENGINE_FORMATS, "fp8-block")
+# The formats no engine loads: written from Python only, read by dequantize and inspect.
+LEGACY_FORMATS = ("int8-channel", "int4-group", "fp8-row")
 
 SCALE_FORMATS = ("float32", "ue8m0")
 FLOAT_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
@@ -590,7 +623,7 @@ def _matches(name: str, patterns: Sequence[str]) -> str | None:
     return None
 
 
-def _decide(info: TensorInfo, fmt: Format, skip: Sequence[str], group: int) -> str | None:
+def _decide(info: TensorInfo, fmt, skip: Sequence[str], group: int) -> str | None:
     """Why tensor `info` stays in high precision, or None to quantize it."""
     if info.dtype not in FLOAT_DTYPES:
         return f"dtype {info.dtype}"
@@ -604,6 +637,8 @@ def _decide(info: TensorInfo, fmt: Format, skip: Sequence[str], group: int) -> s
     hit = _matches(info.name, skip)
     if hit:
         return f"matches {hit!r}"
+    if isinstance(fmt, EngineFormat):
+        return fmt.unfit(n, k, info.dtype, group)
     return fmt.unfit(n, k, group)
 
 
@@ -827,7 +862,11 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
         A ``.safetensors`` file, a directory of shards, or a ``*.safetensors.index.json``.
     dst : path
         The output directory (refused when it exists, unless `overwrite`).
-    format : {"fp8-block", "int8-channel", "int4-group", "fp8-row"}
+    format : str
+        One of `COMMAND_FORMATS` ("W8A8", "FP8_DYNAMIC", "W4A16", "W4A16_ASYM", "W8A16",
+        "AWQ", "fp8-block"), which engines load; or "int8-channel", "int4-group",
+        "fp8-row", cuquant's own layouts, which no engine loads (``quant_method:
+        "cuquant"``).
     skip : sequence of str
         Glob patterns of tensor names to keep in high precision, on top of `DEFAULT_SKIP`
         (unless `default_skip` is False). Tensors that are not 2-D float ``.weight``
@@ -835,7 +874,8 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
     scale_format : {"float32", "ue8m0"}
         fp8-block only: "ue8m0" rounds every tile scale up to a power of two.
     group_size : int
-        int4-group only: elements per group along a row (K must be a multiple).
+        W4A16, W4A16_ASYM, W8A16, AWQ and int4-group: elements per group along a row (a
+        weight whose K is not a multiple stays in high precision, listed as ignored).
     device : {"auto", "cpu", "cuda"}
     max_shard_size : int or str
         Output shards are cut before they exceed this ("5GB" by default).
@@ -854,9 +894,11 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
     import cuquant
 
     t0 = time.perf_counter()
-    fmt = FORMATS.get(format)
+    fmt = ENGINE_FORMATS.get(format) or FORMATS.get(format)
     if fmt is None:
-        raise CheckpointError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        raise CheckpointError(f"unknown format {format!r}; choose one of "
+                              f"{', '.join(COMMAND_FORMATS)}")
+    engine = isinstance(fmt, EngineFormat)
     if scale_format not in SCALE_FORMATS:
         raise CheckpointError(f"unknown scale format {scale_format!r}; choose float32 or ue8m0")
     if scale_format != "float32" and fmt.name != "fp8-block":
@@ -864,8 +906,12 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
     group = int(group_size) if fmt.grouped else 0
     if fmt.grouped and (group < 2 or group % 2):
         raise CheckpointError(f"group size must be an even number >= 2; got {group_size}")
-    fmt.function("quantize")
-    fmt.function("dequantize")
+    if engine and fmt.grouped and group % 8:
+        raise CheckpointError(f"group size must be a multiple of 8 for {fmt.name}; got "
+                              f"{group_size}")
+    if not engine:
+        fmt.function("quantize")
+        fmt.function("dequantize")
     max_bytes = parse_size(max_shard_size)
     backend = select_backend(device)
     chunk = chunk_elements or (GPU_CHUNK if backend.name == "cuda" else CPU_CHUNK)
@@ -885,8 +931,13 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
             if why is None:
                 n, k = info.shape
                 rec.action, rec.reason, rec.format = "quantized", fmt.name, fmt.name
-                outs = [TensorSpec(name, fmt.code_dtype, fmt.codes_shape(n, k, group)),
-                        TensorSpec(name + fmt.suffix, "F32", fmt.companion_shape(n, k, group))]
+                if engine:
+                    outs = [TensorSpec(*o) for o in
+                            fmt.outputs(name[: -len("weight")], n, k, info.dtype, group)]
+                else:
+                    outs = [TensorSpec(name, fmt.code_dtype, fmt.codes_shape(n, k, group)),
+                            TensorSpec(name + fmt.suffix, "F32",
+                                       fmt.companion_shape(n, k, group))]
                 items.append(_Item(rec, info, outs, fmt, group))
             else:
                 rec.reason = why
@@ -899,6 +950,7 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
                         stats=stats)
         report.records = [it.record for it in items]
         report.warnings += _ignored_warnings(items)
+        report.warnings += _unfit_warnings(items, fmt, group)
         plan, extra, out = _prepare(ck, items, src, dst, overwrite, max_bytes)
         with out:
             meta = {"format": "pt", "cuquant.format": fmt.name,
@@ -924,6 +976,8 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
             def work(it, ck, w, p):
                 if it.fmt is None:
                     _copy_raw(it, ck, w, p)
+                elif engine:
+                    _quantize_engine(it, ck, w, p, backend, chunk, stats)
                 else:
                     _quantize_one(it, ck, w, p, backend, scale_format, chunk, stats)
 
@@ -1003,10 +1057,44 @@ def _ignored_warnings(items: list[_Item]) -> list[str]:
     return warn
 
 
-def _quantization_config(fmt: Format, scale_format: str, group: int, items: list[_Item]) -> dict:
+def _unfit_warnings(items: list[_Item], fmt, group: int) -> list[str]:
+    """One line for each reason a weight the format could not take stays in high
+    precision (it is listed in the config's ignore / modules_to_not_convert)."""
+    if not isinstance(fmt, EngineFormat) and not fmt.grouped:
+        return []
+    by_reason: dict[str, list[str]] = {}
+    for it in items:
+        r = it.record
+        if r.action != "kept" or len(r.shape) != 2 or r.dtype not in FLOAT_DTYPES:
+            continue
+        if not r.name.endswith("weight") or r.reason.startswith(("matches", "empty")):
+            continue
+        by_reason.setdefault(r.reason, []).append(r.name)
+    out = []
+    for why, names in by_reason.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(f"kept {_plural(len(names), 'weight')} in high precision, listed as not "
+                   f"converted ({why}): {shown}")
+    return out
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _quantization_config(fmt, scale_format: str, group: int, items: list[_Item]) -> dict:
     import cuquant
 
     ignored = _ignored_modules(items)
+    if isinstance(fmt, EngineFormat):
+        # Loaders quantize every Linear a config group targets: a head tied to the
+        # embeddings (no lm_head tensor) must be named too.
+        quantized = {it.record.name for it in items if it.record.action == "quantized"}
+        if "lm_head" not in ignored and not any(q.startswith("lm_head.") for q in quantized):
+            ignored = [*ignored, "lm_head"]
+        if fmt.method == "awq":
+            return awq_quantization_config(group, ignored)
+        return ct_quantization_config(fmt, group, ignored)
     if fmt.name == "fp8-block":
         qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
               "weight_block_size": [128, 128]}
@@ -1068,6 +1156,100 @@ def _quantize_one(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Pr
     if stats:
         it.record.signal, it.record.noise, it.record.max_abs_err = signal, noise, worst
     progress.advance(0, it.src.name, finished=True)
+
+
+def _host_float(backend: Backend, a, dtype) -> np.ndarray:
+    """A small device array (scales, zero points) on the host, converted there."""
+    return np.asarray(backend.to_host(a)).astype(dtype)
+
+
+def _quantize_engine(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progress,
+                     backend: Backend, chunk: int, stats: bool) -> None:
+    """One weight in a compressed-tensors or AWQ format: bands of rows through the
+    library's quantizer, the codes repacked on the backend, the scales in the model dtype.
+    AWQ stores the weight transposed ([K, N/8] words): its bands are gathered, then packed
+    whole."""
+    import cuquant
+
+    fmt, g = it.fmt, it.group
+    xp = backend.xp
+    name = it.src.name
+    f = ck.file_of(name)
+    n, k = it.src.shape
+    model_dt = FLOAT_DTYPES[it.src.dtype]
+    out = {s.name[len(name) - len("weight"):]: s.name for s in it.outputs}
+    signal = noise = 0.0
+    worst = 0.0
+    awq_codes, awq_scales, awq_zeros = [], [], []
+    # Bands of the asymmetric format start at multiples of 8 rows: its zero points are
+    # packed eight rows a word.
+    align = 8 if fmt.codes == "packed" and not fmt.symmetric else 1
+    for r0, r1 in _bands(n, k, align, chunk):
+        host = f.read_rows(name, r0, r1)
+        x = backend.to_device(host)
+        if fmt.codes == "int8":
+            q, sc = cuquant.quantize_int8_per_channel(x, scale_dtype=model_dt)
+            s32 = _host_float(backend, sc, np.float32)
+            w.write(out["weight"], backend.to_host(q))
+            w.write(out["weight_scale"], backend.to_host(sc))
+            deq = (cuquant.dequantize_int8_per_channel(q, backend.to_device(s32), "float32")
+                   if stats else None)
+        elif fmt.codes == "fp8":
+            q, sc = cuquant.quantize_fp8_per_row(x, scale_dtype=model_dt)
+            s32 = _host_float(backend, sc, np.float32)
+            w.write(out["weight"], backend.to_host(q))
+            w.write(out["weight_scale"], backend.to_host(sc))
+            deq = (cuquant.dequantize_fp8_per_row(q, backend.to_device(s32), "float32")
+                   if stats else None)
+        else:
+            src = x
+            if fmt.codes == "awq":
+                # AWQ's scales are float16: the weights are quantized as float16.
+                src = x if model_dt == "float16" else x.astype(xp.float16)
+                if model_dt != "float16" and bool(xp.any(xp.isinf(src) & ~xp.isinf(x))):
+                    raise CheckpointError(
+                        f"tensor {name!r}: values beyond float16's range, which AWQ's float16 "
+                        "scales cannot hold; keep it in high precision with --skip, or use "
+                        "W4A16_ASYM")
+            q, sc, z, _ = cuquant.quantize_groupwise_zero_point(
+                src, bits=fmt.bits, group_size=g, symmetric=fmt.symmetric)
+            deq = (cuquant.dequantize_groupwise_zero_point(q, sc, z, g, "float32", bits=fmt.bits)
+                   if stats else None)
+            if fmt.codes == "awq":
+                awq_codes.append(q)
+                awq_scales.append(backend.to_host(sc))
+                awq_zeros.append(_host_float(backend, z, np.float32).astype(np.uint8))
+            else:
+                # Codes q + 2**(bits-1) in little-endian int32 words: compressed-tensors' pack.
+                w.write(out["weight_packed"], backend.to_host(words_of_bytes(xp, q)))
+                w.write(out["weight_scale"], backend.to_host(sc))
+                if not fmt.symmetric:
+                    zu = _host_float(backend, z, np.float32).astype(np.uint8)
+                    w.write(out["weight_zero_point"], pack_rows_4bit(np, zu))
+        if stats:
+            a, b, m = backend.error_terms(x, deq)
+            signal += a
+            noise += b
+            worst = _worse(worst, m)
+        progress.advance(host.nbytes, name)
+        del host, x, deq
+    if fmt.codes == "packed":
+        w.write(out["weight_shape"], np.array([n, k], np.int64))
+    if fmt.codes == "awq":
+        codes = xp.concatenate(awq_codes) if len(awq_codes) > 1 else awq_codes[0]
+        del awq_codes
+        u = xp.ascontiguousarray(nibbles(xp, codes).T)          # [K, N]
+        del codes
+        w.write(out["qweight"], backend.to_host(awq_pack(xp, u)))
+        del u
+        zeros = np.ascontiguousarray(np.concatenate(awq_zeros).T)   # [K/G, N]
+        w.write(out["qzeros"], awq_pack(np, zeros))
+        w.write(out["scales"], np.ascontiguousarray(np.concatenate(awq_scales).T))
+    it.record.bytes_out = it.out_bytes
+    it.record.outputs = [s.name for s in it.outputs]
+    if stats:
+        it.record.signal, it.record.noise, it.record.max_abs_err = signal, noise, worst
+    progress.advance(0, name, finished=True)
 
 
 # ---------------------------------------------------------------------------------------

@@ -6,6 +6,10 @@ minimum/maximum:
 
 - ``s = dtype(max(hi - lo, f32(1e-5)) / f32(2**bits - 1))`` (stored in x's dtype; below,
   s means f32(s)); ``z = clamp(rne(-lo / s), 0, 2**bits - 1)``;
+- or, with ``symmetric=True``, ``s = dtype(max(amax, f32(1e-5)) / f32((2**bits - 1) / 2))``
+  with ``amax = max(|lo|, |hi|)`` (7.5 for 4 bits, 127.5 for 8: the divisor of
+  compressed-tensors' and GPTQ's symmetric observers) and the fixed ``z = 2**(bits - 1)``;
+  the signed code ``q - z`` then lies in [-2**(bits-1), 2**(bits-1) - 1];
 - ``q = clamp(R(x / s) + z, 0, 2**bits - 1)``, a NaN giving 0, with R round half to even,
   or, for ``rounding="stochastic"``, ``R(v) = floor(v) + (f32(r >> 8) < frac(v) * 2**24)``
   for a uint32 random word r per element;
@@ -38,6 +42,7 @@ from .groupwise import (BITS, TWO_PASS_UNITS, QuantizeRun, check_bits, check_gro
 SRC = "zero_point.cu"
 ROUNDINGS = ("nearest", "stochastic")
 NEAREST, RBITS, PHILOX = 0, 1, 2   # ZpMode in cuda_src/zero_point.cu
+SYMMETRIC = 4   # ZP_SYMMETRIC: a flag over the rounding mode
 
 # Units a dequantizing thread has in flight where each unit loads its own parameters (groups
 # of fewer than groupwise.WARP_MIN_UNITS units, the general path and the spanning kernel):
@@ -132,8 +137,10 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
             ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
             ((m, k // g), t.numpy), ((m, k), t.numpy)))
     rb = None if rbits is None else contiguous(rbits)
-    staged_fmt_of_bits, hold, two_pass_units, tile_fmt_of_bits = KERNELS_BY_MODE[mode]
-    if mode == PHILOX and x.size > SEEDED_BUILD["max_elements"]:
+    # The symmetric flag changes a group's parameters only: the rounding's kernels serve it.
+    rounding = mode & ~SYMMETRIC
+    staged_fmt_of_bits, hold, two_pass_units, tile_fmt_of_bits = KERNELS_BY_MODE[rounding]
+    if rounding == PHILOX and x.size > SEEDED_BUILD["max_elements"]:
         tile_fmt_of_bits = _zp_format
     # The tile kernel a warp a tile (groupwise.TILES): 0.90 -> 0.955 of copy on an H200.
     plan = quantize_plan(SRC, _zp_format, xc, t, bits, g, rb, big=False, hold=hold,
@@ -143,7 +150,7 @@ def _gpu_quantize(stream, x, t, bits, g, mode, rbits, seed):
         return outputs.make(), False
     run = QuantizeRun(outputs, plan, mode, seed)
     # Seeded calls are not kept: a seed is part of the key, and seeds change call by call.
-    if mode != PHILOX and xc is x and rb is rbits:
+    if rounding != PHILOX and xc is x and rb is rbits:
         _fast.offer(run)
     return run(stream, (xc.data.ptr,) if rb is None else (xc.data.ptr, rb.data.ptr)), False
 
@@ -166,7 +173,7 @@ def _seed(seed, op: str) -> int:
 
 @_fast.replayable
 def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=None,
-                                  seed=None, *, stream=None):
+                                  seed=None, *, symmetric=False, stream=None):
     """Quantize groups along K to unsigned codes with a zero point (lmdeploy's
     QuantizeGroupwise), optionally with stochastic rounding.
 
@@ -185,6 +192,11 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
         For ``rounding="stochastic"`` instead of rbits: the words come from Philox4x32-10
         (see the module notes; `random_bits(x.shape, seed)` gives them), so one seed gives
         the same codes on CPU and GPU.
+    symmetric : bool, default False
+        A scale from the group's largest magnitude, ``dtype(max(amax, f32(1e-5)) /
+        f32((2**bits - 1) / 2))``, and the fixed zero point ``2**(bits - 1)`` (8 or 128):
+        the unsigned codes are the signed codes of compressed-tensors' symmetric formats
+        plus that offset. Works with either rounding.
     stream : optional
 
     Returns
@@ -193,7 +205,7 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
         bits=4: [M, K/2], the first element of each pair in the low nibble. bits=8: [M, K].
     scales : array [M, K / group_size], x's dtype
     zeros : array [M, K / group_size], x's dtype
-        Integer zero points in [0, 2**bits - 1].
+        Integer zero points in [0, 2**bits - 1] (all ``2**(bits - 1)`` when symmetric).
     dequant : array [M, K], x's dtype
         The reconstruction ``dtype(f32(q - z) * f32(s))``.
     """
@@ -201,6 +213,8 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
     s = stream_of(stream, op)
     b = check_bits(bits, op)
     v.check_choice(rounding, op, "rounding", ROUNDINGS)
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"{op}: symmetric must be True or False; got {symmetric!r}")
     a = intake(x, op, "x", s)
     t = v.check_float(a, op, "x", HALVES)
     v.check_ndim(a, op, "x", 2, "[M, K]")
@@ -230,7 +244,10 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
             same_place(op, ("x", a), ("rbits", r))
     if a.device == HOST:
         return host_results(a, _numpy.quantize_groupwise_zero_point(
-            a.data, b, g, rounding, None if r is None else r.data, sd if mode == PHILOX else None))
+            a.data, b, g, rounding, None if r is None else r.data, sd if mode == PHILOX else None,
+            bool(symmetric)))
+    if symmetric:
+        mode |= SYMMETRIC
     return run_gpu(a, s, _gpu_quantize, a.data, t, b, g, mode, None if r is None else r.data, sd)
 
 
@@ -325,7 +342,8 @@ def _make_dequantize(xp, rng, shape, dtype, source_dtype="float16", **kw):
     return (q, scales, zeros, kw.get("group_size", 128), dtype), {}
 
 
-def t_quantize_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=None, seed=None):
+def t_quantize_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=None, seed=None,
+                          symmetric=False):
     """torch eager: nearest rounding, not bit-exact (baseline only)."""
     import torch
 
@@ -333,8 +351,12 @@ def t_quantize_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=N
     xf = x.float().reshape(m, k // group_size, group_size)
     hi, lo = xf.amax(dim=-1, keepdim=True), xf.amin(dim=-1, keepdim=True)
     qmax = 2 ** bits - 1
-    s = ((hi - lo).clamp_min(1e-5) / qmax).to(x.dtype).float()
-    z = (-lo / s).round().clamp(0, qmax)
+    if symmetric:
+        s = (torch.maximum(hi.abs(), lo.abs()).clamp_min(1e-5) / (qmax / 2)).to(x.dtype).float()
+        z = torch.full_like(s, 2 ** (bits - 1))
+    else:
+        s = ((hi - lo).clamp_min(1e-5) / qmax).to(x.dtype).float()
+        z = (-lo / s).round().clamp(0, qmax)
     q = ((xf / s).round() + z).clamp(0, qmax)
     deq = ((q - z) * s).to(x.dtype).reshape(m, k)
     q = q.to(torch.uint8).reshape(m, k)
@@ -364,10 +386,16 @@ def _declare():
         variants = tuple({"bits": bits, "group_size": g, "rounding": "nearest"} for g in groups)
         variants += tuple({"bits": bits, "group_size": g, "rounding": "stochastic", "source": src}
                           for g in (32, 64, 128, 256, 6) for src in ("seed", "rbits"))
+        variants += tuple({"bits": bits, "group_size": g, "rounding": "nearest", "symmetric": True}
+                          for g in groups)
+        variants += tuple({"bits": bits, "group_size": g, "rounding": "stochastic", "source": src,
+                           "symmetric": True} for g in (128, 6) for src in ("seed", "rbits"))
         ops.append(Op("quantize_groupwise_zero_point", fam, "quantize", H, _make_quantize,
                       variants=variants, shapes=ZP_SHAPES,
                       bench_variants=tuple({"bits": bits, "group_size": 128, "rounding": r}
-                                           for r in ("nearest", "stochastic")),
+                                           for r in ("nearest", "stochastic"))
+                      + ({"bits": bits, "group_size": 128, "rounding": "nearest",
+                          "symmetric": True},),
                       target=target, torch_ref=t_quantize_zero_point,
                       notes=f"{bits}-bit; stochastic draws Philox4x32-10 words in the kernel"))
     ops.append(Op("dequantize_groupwise_zero_point", fam, "dequantize", F, _make_dequantize,
