@@ -57,6 +57,7 @@ from ._safetensors import (
     TensorInfo,
     TensorSpec,
     load_file,
+    numpy_dtype,
     save_file,
 )
 
@@ -1285,16 +1286,31 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
     with open_checkpoint(src) as ck:
         cfg_dtype = (ck.config or {}).get("torch_dtype") or (ck.config or {}).get("dtype")
         fallback = cfg_dtype if cfg_dtype in _ST_OF_FLOAT else "bfloat16"
+        mods = _engine_modules(ck, dtype)
         found = {}
         companions = set()
-        for name in ck.tensors:
-            hit = recognise(ck, name)
-            if hit is not None:
-                found[name] = hit
-                companions.add(name + hit[0].suffix)
-        items, formats = [], set()
+        if mods is None:
+            _refuse_engine_tensors(ck)
+            for name in ck.tensors:
+                hit = recognise(ck, name)
+                if hit is not None:
+                    found[name] = hit
+                    companions.add(name + hit[0].suffix)
+            items, formats = [], set()
+        else:
+            items, companions = _module_items(ck, mods)
+            formats = {it.record.format for it in items}
         for name, info in ck.tensors.items():
             rec = TensorRecord(name, "kept", "", info.dtype, info.shape, info.nbytes)
+            if mods is not None:
+                if name in companions:
+                    continue
+                if (name.endswith("weight") and name[: -len("weight")] in mods):
+                    continue   # replaced by the module's restored weight
+                items.append(_Item(rec, info, [TensorSpec(name, info.dtype, info.shape,
+                                                          info.nbytes)]))
+                rec.reason = "not quantized"
+                continue
             if name in found:
                 fmt, g = found[name]
                 formats.add(fmt.name)
@@ -1324,6 +1340,8 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
             def work(it, ck, w, p):
                 if it.fmt is None:
                     _copy_raw(it, ck, w, p)
+                elif isinstance(it.fmt, _Module):
+                    _dequantize_module(it, ck, w, p, backend, chunk)
                 else:
                     _dequantize_one(it, ck, w, p, backend, chunk)
 
@@ -1335,6 +1353,345 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
             _finish(out, ck, report, names, index_meta, wmap, cfg, extra)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+# ---------------------------------------------------------------------------------------
+# Reading compressed-tensors and AWQ checkpoints
+
+# quant_method values read through cuquant's own layouts (FORMATS): DeepSeek-V3's FP8 and
+# cuquant's.
+_OWN_METHODS = ("fp8", "cuquant")
+_ENGINE_METHODS = ("compressed-tensors", "awq")
+_CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
+
+
+@dataclass
+class _Module:
+    """A quantized module of a compressed-tensors or AWQ checkpoint: how to restore
+    ``base + "weight"``."""
+
+    base: str
+    kind: str            # "packed", "int8", "fp8", "awq"
+    tensors: dict        # role -> tensor name
+    n: int
+    k: int
+    group: int           # elements per scale along K (K for one per row); fp8 blocks: 128
+    bits: int = 8
+    symmetric: bool = True
+    strategy: str = "channel"
+    out_dtype: str = "bfloat16"
+
+
+def _quant_config(ck: Checkpoint) -> dict | None:
+    qc = (ck.config or {}).get("quantization_config")
+    if qc is None:
+        return None
+    if not isinstance(qc, dict):
+        raise CheckpointError("config.json: quantization_config is not a JSON object")
+    return qc
+
+
+def _bad(name: str, what: str) -> CheckpointError:
+    return CheckpointError(f"tensor {name!r}: {what}; refusing to dequantize")
+
+
+def _ct_group_of(qc: dict, module: str) -> tuple[str, dict]:
+    """The config group (name, scheme) whose targets take `module`: a "re:" pattern or the
+    module's own name first, else a group targeting a layer type (e.g. "Linear")."""
+    import re
+
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise CheckpointError("config.json: the compressed-tensors quantization_config has no "
+                              "config_groups; refusing to dequantize")
+    by_type = None
+    for gname, scheme in groups.items():
+        if not isinstance(scheme, dict):
+            raise CheckpointError(f"config.json: config group {gname!r} is not a JSON object")
+        for t in scheme.get("targets") or []:
+            if not isinstance(t, str):
+                continue
+            if t.startswith("re:"):
+                if re.match(t[3:], module):
+                    return gname, scheme
+            elif t == module or module.endswith("." + t):
+                return gname, scheme
+            elif by_type is None and t[:1].isupper():
+                by_type = (gname, scheme)
+    if by_type is None:
+        raise CheckpointError(f"module {module!r} holds quantized tensors but no config group "
+                              "of the quantization_config targets it; refusing to dequantize")
+    return by_type
+
+
+def _ct_modules(ck: Checkpoint, qc: dict, dtype: str | None) -> dict[str, _Module]:
+    """The quantized modules of a compressed-tensors checkpoint, checked against the config."""
+    status = qc.get("quantization_status")
+    if status != "compressed":
+        raise CheckpointError(f"config.json: quantization_status is {status!r}; cuquant reads "
+                              "compressed-tensors checkpoints whose status is 'compressed'")
+    mods: dict[str, _Module] = {}
+    t = ck.tensors
+    for name, info in t.items():
+        if name.endswith("weight_packed"):
+            base = name[: -len("weight_packed")]
+        elif (name.endswith("weight_scale") and (name[: -len("_scale")]) in t
+              and t[name[: -len("_scale")]].dtype in ("I8", "F8_E4M3")):
+            base = name[: -len("weight_scale")]
+        else:
+            continue
+        module = base[:-1] if base.endswith(".") else base
+        gname, scheme = _ct_group_of(qc, module)
+        fmt = scheme.get("format") or qc.get("format")
+        w = scheme.get("weights")
+        if not isinstance(w, dict):
+            raise CheckpointError(f"config.json: config group {gname!r} has no weights "
+                                  "arguments; refusing to dequantize")
+        if fmt not in _CT_FORMATS:
+            raise CheckpointError(f"config.json: config group {gname!r} has format {fmt!r}, "
+                                  f"which cuquant does not read (it reads {', '.join(_CT_FORMATS)})")
+        mods[base] = _ct_module(ck, base, fmt, w, gname, dtype)
+    return mods
+
+
+def _need(ck: Checkpoint, name: str, dtypes: tuple, what: str) -> TensorInfo:
+    info = ck.tensors.get(name)
+    if info is None:
+        raise _bad(name, f"missing ({what})")
+    if info.dtype not in dtypes:
+        raise _bad(name, f"dtype {info.dtype}, expected {' or '.join(dtypes)} ({what})")
+    return info
+
+
+def _shape_is(info: TensorInfo, shape: tuple, what: str) -> None:
+    if tuple(info.shape) != tuple(shape):
+        raise _bad(info.name, f"shape {list(info.shape)}, expected {list(shape)} ({what})")
+
+
+def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
+               dtype: str | None) -> _Module:
+    bits, typ = w.get("num_bits"), w.get("type")
+    strategy, sym = w.get("strategy"), w.get("symmetric", True)
+    where = f"config group {gname!r}"
+    packed = fmt == "pack-quantized"
+    scale = _need(ck, base + "weight_scale", HALF_SCALES if packed else tuple(FLOAT_DTYPES),
+                  "the weight's scale")
+    out_dt = dtype or FLOAT_DTYPES[scale.dtype]
+    if packed:
+        if typ != "int" or bits not in (4, 8):
+            raise CheckpointError(f"config.json: {where}: pack-quantized {typ} weights of "
+                                  f"{bits} bits are not read (4 or 8-bit int)")
+        if not sym and bits != 4:
+            raise CheckpointError(f"config.json: {where}: asymmetric {bits}-bit packs are not "
+                                  "read (4-bit ones are)")
+        packed = _need(ck, base + "weight_packed", ("I32",), "packed codes")
+        shp = _need(ck, base + "weight_shape", ("I64", "I32"), "the weight's shape")
+        if tuple(shp.shape) != (2,):
+            raise _bad(shp.name, f"shape {list(shp.shape)}, expected [2]")
+        n, k = (int(v) for v in ck.file_of(shp.name).read(shp.name))
+        if n <= 0 or k <= 0 or (k * bits) % 32:
+            raise _bad(shp.name, f"weight shape [{n}, {k}]: K * {bits} bits must fill whole "
+                                 "int32 words")
+        _shape_is(packed, (n, k * bits // 32), f"[N, K*{bits}/32] for weight_shape [{n}, {k}]")
+        if strategy == "group":
+            g = w.get("group_size")
+            if not isinstance(g, int) or g <= 0 or k % g:
+                raise CheckpointError(f"config.json: {where}: group_size {g!r} does not divide "
+                                      f"K={k} of {base}weight_packed")
+        elif strategy == "channel":
+            g = k
+        else:
+            raise CheckpointError(f"config.json: {where}: pack-quantized strategy {strategy!r} "
+                                  "is not read (group or channel)")
+        _shape_is(scale, (n, k // g), f"[N, K/{g}]")
+        tensors = {"packed": packed.name, "scale": scale.name, "shape": shp.name}
+        if not sym:
+            zp = _need(ck, base + "weight_zero_point", ("I32",), "the packed zero points")
+            _shape_is(zp, (-(-n * bits // 32), k // g), f"[ceil(N*{bits}/32), K/{g}]")
+            tensors["zero"] = zp.name
+        return _Module(base, "packed", tensors, n, k, g, bits, bool(sym), strategy, out_dt)
+    codes = _need(ck, base + "weight", ("I8",) if typ == "int" else ("F8_E4M3",),
+                  f"{fmt} codes")
+    if len(codes.shape) != 2:
+        raise _bad(codes.name, f"shape {list(codes.shape)}, expected [N, K]")
+    n, k = codes.shape
+    if bits != 8 or not sym or (typ == "int") != (fmt == "int-quantized" or
+                                                 codes.dtype == "I8"):
+        raise CheckpointError(f"config.json: {where}: {fmt} {typ} weights of {bits} bits, "
+                              f"symmetric={sym}, are not read (symmetric 8-bit int or fp8)")
+    if base + "weight_zero_point" in ck.tensors:
+        raise _bad(base + "weight_zero_point", "zero points of int8/fp8 codes are not read")
+    kind = "int8" if codes.dtype == "I8" else "fp8"
+    if strategy == "channel":
+        _shape_is(scale, (n, 1), "[N, 1]")
+        g = k
+    elif strategy == "tensor":
+        if scale.numel() != 1:
+            raise _bad(scale.name, f"shape {list(scale.shape)}, expected one value (tensor)")
+        g = k
+    elif strategy == "block" and kind == "fp8" and w.get("block_structure") in ([128, 128],):
+        _shape_is(scale, (-(-n // 128), -(-k // 128)), "[ceil(N/128), ceil(K/128)]")
+        g = 128
+    else:
+        raise CheckpointError(f"config.json: {where}: {kind} strategy {strategy!r} "
+                              f"(block_structure {w.get('block_structure')}) is not read")
+    return _Module(base, kind, {"codes": codes.name, "scale": scale.name}, n, k, g, 8, True,
+                   strategy, out_dt)
+
+
+HALF_SCALES = ("F16", "BF16")
+
+
+def _awq_modules(ck: Checkpoint, qc: dict, dtype: str | None) -> dict[str, _Module]:
+    version = str(qc.get("version", qc.get("format", "gemm"))).lower()
+    bits, g0 = qc.get("bits", qc.get("w_bit")), qc.get("group_size", qc.get("q_group_size"))
+    if version != "gemm":
+        raise CheckpointError(f"config.json: AWQ version {version!r} is not read (gemm is)")
+    if bits != 4:
+        raise CheckpointError(f"config.json: AWQ with {bits!r} bits is not read (4 is)")
+    if qc.get("zero_point", True) is not True:
+        raise CheckpointError("config.json: AWQ without zero points is not read")
+    if not isinstance(g0, int) or g0 == 0 or g0 < -1:
+        raise CheckpointError(f"config.json: AWQ group_size {g0!r} is not a group size")
+    mods = {}
+    for name in ck.tensors:
+        if not name.endswith("qweight"):
+            continue
+        base = name[: -len("qweight")]
+        qw = _need(ck, name, ("I32",), "AWQ's packed codes")
+        if len(qw.shape) != 2:
+            raise _bad(name, f"shape {list(qw.shape)}, expected [K, N/8]")
+        k, n = qw.shape[0], qw.shape[1] * 8
+        g = k if g0 == -1 else g0
+        if k % g:
+            raise _bad(name, f"K={k} is not a multiple of the group size {g}")
+        sc = _need(ck, base + "scales", ("F16",), "AWQ's scales")
+        _shape_is(sc, (k // g, n), f"[K/{g}, N]")
+        qz = _need(ck, base + "qzeros", ("I32",), "AWQ's packed zero points")
+        _shape_is(qz, (k // g, n // 8), f"[K/{g}, N/8]")
+        mods[base] = _Module(base, "awq", {"qweight": name, "scales": sc.name, "qzeros": qz.name},
+                             n, k, g, 4, False, "group",
+                             dtype or _source_dtype(ck, name) or "float16")
+    return mods
+
+
+def _engine_modules(ck: Checkpoint, dtype: str | None = None) -> dict[str, _Module] | None:
+    """The quantized modules of a compressed-tensors or AWQ checkpoint; None for a
+    checkpoint read through cuquant's own layouts. Refuses methods cuquant does not read."""
+    qc = _quant_config(ck)
+    if qc is None:
+        return None
+    method = qc.get("quant_method")
+    if method in _OWN_METHODS:
+        return None
+    if method == "compressed-tensors":
+        return _ct_modules(ck, qc, dtype)
+    if method == "awq":
+        return _awq_modules(ck, qc, dtype)
+    raise CheckpointError(f"config.json: quantization_config has quant_method {method!r}, which "
+                          f"cuquant does not read (it reads {', '.join(_ENGINE_METHODS)}, "
+                          f"{', '.join(_OWN_METHODS)}); refusing to dequantize")
+
+
+def _module_items(ck: Checkpoint, mods: dict[str, _Module]) -> tuple[list[_Item], set]:
+    """One item for each module (its inputs consumed), and the names consumed."""
+    items, used = [], set()
+    for m in mods.values():
+        names = list(m.tensors.values())
+        used.update(names)
+        first = ck.tensors[names[0]]
+        rec = TensorRecord(m.base + "weight", "dequantized", _module_format(ck, m),
+                           first.dtype, (m.n, m.k), sum(ck.tensors[x].nbytes for x in names))
+        rec.format = rec.reason
+        it = _Item(rec, first, [TensorSpec(m.base + "weight", _ST_OF_FLOAT[m.out_dtype],
+                                           (m.n, m.k))], fmt=m, out_dtype=m.out_dtype)
+        items.append(it)
+    return items, used
+
+
+def _module_format(ck: Checkpoint, m: _Module) -> str:
+    if m.kind == "awq":
+        return "AWQ"
+    if m.kind == "packed":
+        name = f"W{m.bits}A16" + ("" if m.symmetric else "_ASYM")
+        return name if m.strategy == "group" and m.group == 128 else f"{name} ({m.strategy}" + \
+            (f" {m.group})" if m.strategy == "group" else ")")
+    return {"int8": "int8", "fp8": "fp8"}[m.kind] + f" ({m.strategy})"
+
+
+def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progress,
+                       backend: Backend, chunk: int) -> None:
+    import cuquant
+
+    m: _Module = it.fmt
+    xp = backend.xp
+    out_name = it.outputs[0].name
+    t = m.tensors
+
+    def read(role, r0=None, r1=None):
+        f = ck.file_of(t[role])
+        return f.read(t[role]) if r0 is None else f.read_rows(t[role], r0, r1)
+
+    if m.kind == "awq":
+        # Stored transposed: restored whole, then written in bands of rows.
+        u = awq_unpack(xp, backend.to_device(read("qweight")))             # [K, N]
+        q = pack_nibbles_rows(xp, xp.ascontiguousarray(u.T))                # [N, K/2]
+        del u
+        sc = np.ascontiguousarray(read("scales").T)                         # [N, K/G]
+        z = np.ascontiguousarray(awq_unpack(np, read("qzeros")).T).astype(np.float16)
+        x = cuquant.dequantize_groupwise_zero_point(q, backend.to_device(sc),
+                                                    backend.to_device(z), m.group, m.out_dtype,
+                                                    bits=4)
+        w.write(out_name, backend.to_host(x))
+        progress.advance(it.record.bytes_in, out_name)
+    elif m.kind == "packed":
+        sdt = ck.tensors[t["scale"]].dtype
+        zeros_all = None
+        if not m.symmetric:
+            zeros_all = unpack_rows_4bit(np, read("zero"), m.n)
+        align = 8 if not m.symmetric else 1
+        for r0, r1 in _bands(m.n, m.k, align, chunk):
+            words = backend.to_device(read("packed", r0, r1))
+            q = bytes_of_words(xp, words)          # [r, K/2] (4 bits) or [r, K] (8 bits)
+            sc = read("scale", r0, r1)
+            if zeros_all is None:
+                z = np.full(sc.shape, 1 << (m.bits - 1), np.float32)
+            else:
+                z = zeros_all[r0:r1].astype(np.float32)
+            z = z.astype(numpy_dtype(sdt))
+            x = cuquant.dequantize_groupwise_zero_point(q, backend.to_device(sc),
+                                                        backend.to_device(z), m.group,
+                                                        m.out_dtype, bits=m.bits)
+            w.write(out_name, backend.to_host(x))
+            progress.advance(words.nbytes + sc.nbytes, out_name)
+    else:
+        deq = (cuquant.dequantize_int8_per_channel if m.kind == "int8"
+               else cuquant.dequantize_fp8_per_row)
+        block = m.strategy == "block"
+        s_all = read("scale").astype(np.float32)
+        for r0, r1 in _bands(m.n, m.k, 128 if block else 1, chunk):
+            codes = read("codes", r0, r1)
+            if block:
+                s = s_all[r0 // 128: _cdiv(r1, 128)]
+                x = cuquant.dequantize_fp8_per_block(backend.to_device(codes),
+                                                     backend.to_device(s), m.out_dtype)
+            else:
+                s = (s_all.reshape(-1)[r0:r1] if m.strategy == "channel"
+                     else np.full(r1 - r0, s_all.reshape(-1)[0], np.float32))
+                x = deq(backend.to_device(codes), backend.to_device(np.ascontiguousarray(s)),
+                        m.out_dtype)
+            w.write(out_name, backend.to_host(x))
+            progress.advance(codes.nbytes, out_name)
+    it.record.bytes_out = it.out_bytes
+    it.record.outputs = [out_name]
+    progress.advance(0, out_name, finished=True)
+
+
+def pack_nibbles_rows(xp, u):
+    """uint8 [R, 2C] in [0, 15] -> uint8 [R, C], the first of a pair in the low nibble."""
+    from ._engine_formats import pack_nibbles
+
+    return pack_nibbles(xp, u)
 
 
 def _source_dtype(ck: Checkpoint, name: str) -> str | None:
@@ -1350,6 +1707,17 @@ def _source_dtype(ck: Checkpoint, name: str) -> str | None:
         if d in _ST_OF_FLOAT:
             return d
     return None
+
+
+def _refuse_engine_tensors(ck: Checkpoint) -> None:
+    """compressed-tensors' or AWQ's tensors without the config that says how to read them
+    would be copied as if they were weights."""
+    for name in ck.tensors:
+        if name.endswith(("weight_packed", "qweight")):
+            raise CheckpointError(
+                f"tensor {name!r} holds packed codes (compressed-tensors or AWQ), but there is "
+                "no quantization_config of that method in config.json to read them by; "
+                "refusing to copy codes as if they were weights")
 
 
 def _refuse_orphan(ck: Checkpoint, name: str, info: TensorInfo) -> None:
@@ -1399,6 +1767,11 @@ def _dequantize_one(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _
 # ---------------------------------------------------------------------------------------
 # inspect
 
+_ROLE_WORDS = {"packed": "codes", "codes": "codes", "qweight": "codes", "scale": "scale",
+               "scales": "scale", "zero": "zero points", "qzeros": "zero points",
+               "shape": "shape"}
+
+
 def inspect_checkpoint(path) -> dict:
     """What a checkpoint holds: per file its metadata, per tensor its dtype, shape, bytes
     and role (high precision, the codes of a format, or a format's scale).
@@ -1411,15 +1784,31 @@ def inspect_checkpoint(path) -> dict:
     """
     with open_checkpoint(path) as ck:
         roles: dict[str, str] = {}
+        problems = []
+        mods = None
+        try:
+            mods = _engine_modules(ck)
+            if mods is None:
+                _refuse_engine_tensors(ck)
+        except CheckpointError as e:
+            problems.append(str(e))
+        for m in (mods or {}).values():
+            label = _module_format(ck, m)
+            for role, name in m.tensors.items():
+                roles[name] = f"{label} {_ROLE_WORDS.get(role, role)}"
         for name in ck.tensors:
+            if mods is not None or name in roles:
+                continue
             hit = recognise(ck, name)
             if hit is not None:
                 fmt = hit[0]
                 roles[name] = f"{fmt.name} codes"
                 roles[name + fmt.suffix] = f"{fmt.name} {'params' if fmt.grouped else 'scale'}"
-        problems = []
         for name, info in ck.tensors.items():
             if name in roles:
+                continue
+            if mods is not None or problems:
+                roles[name] = "high precision" if info.dtype in FLOAT_DTYPES else "other"
                 continue
             try:
                 _refuse_orphan(ck, name, info)
