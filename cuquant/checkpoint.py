@@ -1206,12 +1206,16 @@ def _quantize_engine(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: 
             src = x
             if fmt.codes == "awq":
                 # AWQ's scales are float16: the weights are quantized as float16.
-                src = x if model_dt == "float16" else x.astype(xp.float16)
-                if model_dt != "float16" and bool(xp.any(xp.isinf(src) & ~xp.isinf(x))):
+                # bfloat16 -> float32 is exact, float32 -> float16 one rounding (to nearest
+                # even) on either backend.
+                x32 = None if model_dt == "float16" else x.astype(xp.float32)
+                src = x if x32 is None else x32.astype(xp.float16)
+                if x32 is not None and bool(xp.any(xp.isinf(src) & ~xp.isinf(x32))):
                     raise CheckpointError(
                         f"tensor {name!r}: values beyond float16's range, which AWQ's float16 "
                         "scales cannot hold; keep it in high precision with --skip, or use "
                         "W4A16_ASYM")
+                del x32
             q, sc, z, _ = cuquant.quantize_groupwise_zero_point(
                 src, bits=fmt.bits, group_size=g, symmetric=fmt.symmetric)
             deq = (cuquant.dequantize_groupwise_zero_point(q, sc, z, g, "float32", bits=fmt.bits)
