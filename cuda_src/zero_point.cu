@@ -14,6 +14,9 @@ namespace cq {
 
 enum ZpMode { ZP_NEAREST = 0, ZP_RBITS = 1, ZP_PHILOX = 2 };
 constexpr int ZP_ANY = -1;   // a build that serves every mode
+// A flag over the rounding mode: symmetric parameters (below). It changes prepare alone, so
+// every build serves it; mode_of sees the rounding without it.
+constexpr int ZP_SYMMETRIC = 4, ZP_ROUNDING = 3;
 
 // Philox4x32-10 (Salmon et al., 2011): counter (c0..c3), key (k0, k1). Inlined, so that
 // the round keys come from uniform registers and the counter's zero words fold away: about
@@ -42,6 +45,7 @@ __device__ __forceinline__ Words4 philox_block(u64 c, u32 seed_lo, u32 seed_hi) 
 }
 
 // s = T(max(hi - lo, f32(1e-5)) / (2**BITS - 1)); z = clamp(rne(-lo / s), 0, 2**BITS - 1);
+// ZP_SYMMETRIC: s = T(max(max(|lo|, |hi|), f32(1e-5)) / ((2**BITS - 1) / 2)), z = 2**(BITS-1);
 // q = clamp(R(x / s) + z, 0, 2**BITS - 1), R rne or stochastic; NaN gives code 0;
 // reconstruction T(f32(q - z) * s). Codes are unsigned, 4-bit ones packed first-low.
 //
@@ -82,10 +86,18 @@ struct ZeroPoint {
     template <typename T>
     __device__ static __forceinline__ Params prepare(float lo, float hi, const QuantArgs& a) {
         Params p;
-        const float range = fmax_nan(sub_rn(hi, lo), u2f(0x3727C5ACu));   // f32(1e-5)
-        const float s = to_f32(from_f32<T>(div_rn(range, (float)QMAX)));
-        const float zq = div_rn(fneg(lo), s);
-        p.zi = is_nan(zq) ? 0u : f2u(add_rn(fclamp(zq, 0.0f, (float)QMAX), RNE_MAGIC)) - RNE_MAGIC_BITS;
+        float s;
+        if (a.mode & ZP_SYMMETRIC) {
+            // (2**BITS - 1) / 2 is exact: 7.5 or 127.5.
+            const float amax = fmax_nan(fabs_bits(lo), fabs_bits(hi));
+            s = to_f32(from_f32<T>(div_rn(fmax_nan(amax, u2f(0x3727C5ACu)), 0.5f * (float)QMAX)));
+            p.zi = 1u << (B - 1);
+        } else {
+            const float range = fmax_nan(sub_rn(hi, lo), u2f(0x3727C5ACu));   // f32(1e-5)
+            s = to_f32(from_f32<T>(div_rn(range, (float)QMAX)));
+            const float zq = div_rn(fneg(lo), s);
+            p.zi = is_nan(zq) ? 0u : f2u(add_rn(fclamp(zq, 0.0f, (float)QMAX), RNE_MAGIC)) - RNE_MAGIC_BITS;
+        }
         const bool stoch = mode_of(a) != ZP_NEAREST;
         const float k = stoch ? SCALE : 1.0f, ik = stoch ? unscale() : 1.0f;
         p.lo_b = mul_rn(fneg((float)p.zi), k);
@@ -117,9 +129,9 @@ struct ZeroPoint {
         static_cast<T*>(p1)[g] = from_f32<T>((float)p.zi);
     }
 
-    // The mode a call runs: the build's own, or the host's.
+    // The rounding a call runs: the build's own, or the host's.
     __device__ static __forceinline__ int mode_of(const QuantArgs& a) {
-        return ONLY == ZP_ANY ? a.mode : ONLY;
+        return ONLY == ZP_ANY ? (a.mode & ZP_ROUNDING) : ONLY;
     }
 
     // The random words of the unit at element e.
@@ -168,22 +180,23 @@ struct ZeroPoint {
         return mode_of(a) != ZP_NEAREST;
     }
 
-    // body(m), m being a with its mode a constant, so that body's tests of it (the random
-    // words of each unit among them) fold away.
+    // body(m), m being a with its rounding a constant, so that body's tests of it (the
+    // random words of each unit among them) fold away; the symmetric flag is kept.
     template <class Body>
     __device__ static __forceinline__ void with_mode(const QuantArgs& a, Body body) {
         QuantArgs m = a;
+        const int sym = a.mode & ZP_SYMMETRIC;
         if constexpr (ONLY != ZP_ANY) {
-            m.mode = ONLY;
+            m.mode = ONLY | sym;
             body(m);
-        } else if (a.mode == ZP_NEAREST) {
-            m.mode = ZP_NEAREST;
+        } else if ((a.mode & ZP_ROUNDING) == ZP_NEAREST) {
+            m.mode = ZP_NEAREST | sym;
             body(m);
-        } else if (a.mode == ZP_RBITS) {
-            m.mode = ZP_RBITS;
+        } else if ((a.mode & ZP_ROUNDING) == ZP_RBITS) {
+            m.mode = ZP_RBITS | sym;
             body(m);
         } else {
-            m.mode = ZP_PHILOX;
+            m.mode = ZP_PHILOX | sym;
             body(m);
         }
     }

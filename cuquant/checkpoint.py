@@ -7,9 +7,19 @@ operators and writes shards plus an index; `dequantize_checkpoint` undoes it;
 rows, so host memory stays near one band, never one model. The output is written under a
 temporary name beside its final one and renamed only when complete.
 
-Each format is one entry of `FORMATS`: which library functions quantize and dequantize it,
-and the tensors it writes for a weight ``W``: the codes under the weight's own name, and
-one float32 companion (the scale, or DeepSpeed's params) under ``W + suffix``.
+The command writes the formats inference engines load (`COMMAND_FORMATS`): the
+compressed-tensors schemes and AWQ of `ENGINE_FORMATS` (cuquant/_engine_formats.py), and
+DeepSeek-V3's fp8-block. `FORMATS` holds cuquant's own layouts: fp8-block, and the
+formats no engine loads (int8-channel, int4-group, fp8-row), which Python callers may still
+write (``quant_method: "cuquant"``) and which `dequantize_checkpoint` and
+`inspect_checkpoint` still read. Each entry of `FORMATS` names the library functions that
+quantize and dequantize it, and the tensors it writes for a weight ``W``: the codes under
+the weight's own name, and one float32 companion (the scale, or DeepSpeed's params) under
+``W + suffix``.
+
+`dequantize_checkpoint` and `inspect_checkpoint` also read compressed-tensors and AWQ
+checkpoints made by other tools (llm-compressor, AutoAWQ), from config.json's
+``quantization_config``.
 """
 
 from __future__ import annotations
@@ -26,6 +36,20 @@ from pathlib import Path
 
 import numpy as np
 
+from ._engine_formats import (
+    AWQ_ORDER,
+    ENGINE_FORMATS,
+    EngineFormat,
+    awq_pack,
+    awq_quantization_config,
+    awq_unpack,
+    bytes_of_words,
+    ct_quantization_config,
+    nibbles,
+    pack_rows_4bit,
+    unpack_rows_4bit,
+    words_of_bytes,
+)
 from ._safetensors import (
     SafetensorsError,
     SafetensorsFile,
@@ -33,13 +57,18 @@ from ._safetensors import (
     TensorInfo,
     TensorSpec,
     load_file,
+    numpy_dtype,
     save_file,
 )
 
 # The safetensors reader and writer are re-exported here: they read F8_E4M3 tensors as
 # ml_dtypes.float8_e4m3fn arrays, which the safetensors package's NumPy API cannot.
 __all__ = [
+    "AWQ_ORDER",
+    "COMMAND_FORMATS",
     "DEFAULT_SKIP",
+    "ENGINE_FORMATS",
+    "EngineFormat",
     "FORMATS",
     "SCALE_FORMATS",
     "Backend",
@@ -161,6 +190,11 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
            companion_shape=lambda n, k, g: (n,),
            companion_rows=lambda r0, r1, n, k, g: (r0, r1)),
 )}
+
+# What `cuquant quantize` writes: the formats engines load.
+COMMAND_FORMATS = (*ENGINE_FORMATS, "fp8-block")
+# The formats no engine loads: written from Python only, read by dequantize and inspect.
+LEGACY_FORMATS = ("int8-channel", "int4-group", "fp8-row")
 
 SCALE_FORMATS = ("float32", "ue8m0")
 FLOAT_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
@@ -590,7 +624,7 @@ def _matches(name: str, patterns: Sequence[str]) -> str | None:
     return None
 
 
-def _decide(info: TensorInfo, fmt: Format, skip: Sequence[str], group: int) -> str | None:
+def _decide(info: TensorInfo, fmt, skip: Sequence[str], group: int) -> str | None:
     """Why tensor `info` stays in high precision, or None to quantize it."""
     if info.dtype not in FLOAT_DTYPES:
         return f"dtype {info.dtype}"
@@ -604,6 +638,8 @@ def _decide(info: TensorInfo, fmt: Format, skip: Sequence[str], group: int) -> s
     hit = _matches(info.name, skip)
     if hit:
         return f"matches {hit!r}"
+    if isinstance(fmt, EngineFormat):
+        return fmt.unfit(n, k, info.dtype, group)
     return fmt.unfit(n, k, group)
 
 
@@ -791,7 +827,11 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
         A ``.safetensors`` file, a directory of shards, or a ``*.safetensors.index.json``.
     dst : path
         The output directory (refused when it exists, unless `overwrite`).
-    format : {"fp8-block", "int8-channel", "int4-group", "fp8-row"}
+    format : str
+        One of `COMMAND_FORMATS` ("W8A8", "FP8_DYNAMIC", "W4A16", "W4A16_ASYM", "W8A16",
+        "AWQ", "fp8-block"), which engines load; or "int8-channel", "int4-group",
+        "fp8-row", cuquant's own layouts, which no engine loads (``quant_method:
+        "cuquant"``).
     skip : sequence of str
         Glob patterns of tensor names to keep in high precision, on top of `DEFAULT_SKIP`
         (unless `default_skip` is False). Tensors that are not 2-D float ``.weight``
@@ -799,7 +839,8 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
     scale_format : {"float32", "ue8m0"}
         fp8-block only: "ue8m0" rounds every tile scale up to a power of two.
     group_size : int
-        int4-group only: elements per group along a row (K must be a multiple).
+        W4A16, W4A16_ASYM, W8A16, AWQ and int4-group: elements per group along a row (a
+        weight whose K is not a multiple stays in high precision, listed as ignored).
     device : {"auto", "cpu", "cuda"}
     max_shard_size : int or str
         Output shards are cut before they exceed this ("5GB" by default).
@@ -818,9 +859,11 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
     import cuquant
 
     t0 = time.perf_counter()
-    fmt = FORMATS.get(format)
+    fmt = ENGINE_FORMATS.get(format) or FORMATS.get(format)
     if fmt is None:
-        raise CheckpointError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        raise CheckpointError(f"unknown format {format!r}; choose one of "
+                              f"{', '.join(COMMAND_FORMATS)}")
+    engine = isinstance(fmt, EngineFormat)
     if scale_format not in SCALE_FORMATS:
         raise CheckpointError(f"unknown scale format {scale_format!r}; choose float32 or ue8m0")
     if scale_format != "float32" and fmt.name != "fp8-block":
@@ -828,8 +871,12 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
     group = int(group_size) if fmt.grouped else 0
     if fmt.grouped and (group < 2 or group % 2):
         raise CheckpointError(f"group size must be an even number >= 2; got {group_size}")
-    fmt.function("quantize")
-    fmt.function("dequantize")
+    if engine and fmt.grouped and group % 8:
+        raise CheckpointError(f"group size must be a multiple of 8 for {fmt.name}; got "
+                              f"{group_size}")
+    if not engine:
+        fmt.function("quantize")
+        fmt.function("dequantize")
     max_bytes = parse_size(max_shard_size)
     backend = select_backend(device)
     chunk = chunk_elements or (GPU_CHUNK if backend.name == "cuda" else CPU_CHUNK)
@@ -849,8 +896,13 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
             if why is None:
                 n, k = info.shape
                 rec.action, rec.reason, rec.format = "quantized", fmt.name, fmt.name
-                outs = [TensorSpec(name, fmt.code_dtype, fmt.codes_shape(n, k, group)),
-                        TensorSpec(name + fmt.suffix, "F32", fmt.companion_shape(n, k, group))]
+                if engine:
+                    outs = [TensorSpec(*o) for o in
+                            fmt.outputs(name[: -len("weight")], n, k, info.dtype, group)]
+                else:
+                    outs = [TensorSpec(name, fmt.code_dtype, fmt.codes_shape(n, k, group)),
+                            TensorSpec(name + fmt.suffix, "F32",
+                                       fmt.companion_shape(n, k, group))]
                 items.append(_Item(rec, info, outs, fmt, group))
             else:
                 rec.reason = why
@@ -863,6 +915,7 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
                         stats=stats)
         report.records = [it.record for it in items]
         report.warnings += _ignored_warnings(items)
+        report.warnings += _unfit_warnings(items, fmt, group)
         plan, extra, out = _prepare(ck, items, src, dst, overwrite, max_bytes)
         with out:
             meta = {"format": "pt", "cuquant.format": fmt.name,
@@ -888,6 +941,8 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
             def work(it, ck, w, p):
                 if it.fmt is None:
                     _copy_raw(it, ck, w, p)
+                elif engine:
+                    _quantize_engine(it, ck, w, p, backend, chunk, stats)
                 else:
                     _quantize_one(it, ck, w, p, backend, scale_format, chunk, stats)
 
@@ -967,10 +1022,44 @@ def _ignored_warnings(items: list[_Item]) -> list[str]:
     return warn
 
 
-def _quantization_config(fmt: Format, scale_format: str, group: int, items: list[_Item]) -> dict:
+def _unfit_warnings(items: list[_Item], fmt, group: int) -> list[str]:
+    """One line for each reason a weight the format could not take stays in high
+    precision (it is listed in the config's ignore / modules_to_not_convert)."""
+    if not isinstance(fmt, EngineFormat) and not fmt.grouped:
+        return []
+    by_reason: dict[str, list[str]] = {}
+    for it in items:
+        r = it.record
+        if r.action != "kept" or len(r.shape) != 2 or r.dtype not in FLOAT_DTYPES:
+            continue
+        if not r.name.endswith("weight") or r.reason.startswith(("matches", "empty")):
+            continue
+        by_reason.setdefault(r.reason, []).append(r.name)
+    out = []
+    for why, names in by_reason.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(f"kept {_plural(len(names), 'weight')} in high precision, listed as not "
+                   f"converted ({why}): {shown}")
+    return out
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _quantization_config(fmt, scale_format: str, group: int, items: list[_Item]) -> dict:
     import cuquant
 
     ignored = _ignored_modules(items)
+    if isinstance(fmt, EngineFormat):
+        # Loaders quantize every Linear a config group targets: a head tied to the
+        # embeddings (no lm_head tensor) must be named too.
+        quantized = {it.record.name for it in items if it.record.action == "quantized"}
+        if "lm_head" not in ignored and not any(q.startswith("lm_head.") for q in quantized):
+            ignored = [*ignored, "lm_head"]
+        if fmt.method == "awq":
+            return awq_quantization_config(group, ignored)
+        return ct_quantization_config(fmt, group, ignored)
     if fmt.name == "fp8-block":
         qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
               "weight_block_size": [128, 128]}
@@ -1034,6 +1123,104 @@ def _quantize_one(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Pr
     progress.advance(0, it.src.name, finished=True)
 
 
+def _host_float(backend: Backend, a, dtype) -> np.ndarray:
+    """A small device array (scales, zero points) on the host, converted there."""
+    return np.asarray(backend.to_host(a)).astype(dtype)
+
+
+def _quantize_engine(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progress,
+                     backend: Backend, chunk: int, stats: bool) -> None:
+    """One weight in a compressed-tensors or AWQ format: bands of rows through the
+    library's quantizer, the codes repacked on the backend, the scales in the model dtype.
+    AWQ stores the weight transposed ([K, N/8] words): its bands are gathered, then packed
+    whole."""
+    import cuquant
+
+    fmt, g = it.fmt, it.group
+    xp = backend.xp
+    name = it.src.name
+    f = ck.file_of(name)
+    n, k = it.src.shape
+    model_dt = FLOAT_DTYPES[it.src.dtype]
+    out = {s.name[len(name) - len("weight"):]: s.name for s in it.outputs}
+    signal = noise = 0.0
+    worst = 0.0
+    awq_codes, awq_scales, awq_zeros = [], [], []
+    # Bands of the asymmetric format start at multiples of 8 rows: its zero points are
+    # packed eight rows a word.
+    align = 8 if fmt.codes == "packed" and not fmt.symmetric else 1
+    for r0, r1 in _bands(n, k, align, chunk):
+        host = f.read_rows(name, r0, r1)
+        x = backend.to_device(host)
+        if fmt.codes == "int8":
+            q, sc = cuquant.quantize_int8_per_channel(x, scale_dtype=model_dt)
+            s32 = _host_float(backend, sc, np.float32)
+            w.write(out["weight"], backend.to_host(q))
+            w.write(out["weight_scale"], backend.to_host(sc))
+            deq = (cuquant.dequantize_int8_per_channel(q, backend.to_device(s32), "float32")
+                   if stats else None)
+        elif fmt.codes == "fp8":
+            q, sc = cuquant.quantize_fp8_per_row(x, scale_dtype=model_dt)
+            s32 = _host_float(backend, sc, np.float32)
+            w.write(out["weight"], backend.to_host(q))
+            w.write(out["weight_scale"], backend.to_host(sc))
+            deq = (cuquant.dequantize_fp8_per_row(q, backend.to_device(s32), "float32")
+                   if stats else None)
+        else:
+            src = x
+            if fmt.codes == "awq":
+                # AWQ's scales are float16: the weights are quantized as float16.
+                # bfloat16 -> float32 is exact, float32 -> float16 one rounding (to nearest
+                # even) on either backend.
+                x32 = None if model_dt == "float16" else x.astype(xp.float32)
+                src = x if x32 is None else x32.astype(xp.float16)
+                if x32 is not None and bool(xp.any(xp.isinf(src) & ~xp.isinf(x32))):
+                    raise CheckpointError(
+                        f"tensor {name!r}: values beyond float16's range, which AWQ's float16 "
+                        "scales cannot hold; keep it in high precision with --skip, or use "
+                        "W4A16_ASYM")
+                del x32
+            q, sc, z, _ = cuquant.quantize_groupwise_zero_point(
+                src, bits=fmt.bits, group_size=g, symmetric=fmt.symmetric)
+            deq = (cuquant.dequantize_groupwise_zero_point(q, sc, z, g, "float32", bits=fmt.bits)
+                   if stats else None)
+            if fmt.codes == "awq":
+                awq_codes.append(q)
+                awq_scales.append(backend.to_host(sc))
+                awq_zeros.append(_host_float(backend, z, np.float32).astype(np.uint8))
+            else:
+                # Codes q + 2**(bits-1) in little-endian int32 words: compressed-tensors' pack.
+                w.write(out["weight_packed"], backend.to_host(words_of_bytes(xp, q)))
+                w.write(out["weight_scale"], backend.to_host(sc))
+                if not fmt.symmetric:
+                    zu = _host_float(backend, z, np.float32).astype(np.uint8)
+                    w.write(out["weight_zero_point"], pack_rows_4bit(np, zu))
+        if stats:
+            a, b, m = backend.error_terms(x, deq)
+            signal += a
+            noise += b
+            worst = _worse(worst, m)
+        progress.advance(host.nbytes, name)
+        del host, x, deq
+    if fmt.codes == "packed":
+        w.write(out["weight_shape"], np.array([n, k], np.int64))
+    if fmt.codes == "awq":
+        codes = xp.concatenate(awq_codes) if len(awq_codes) > 1 else awq_codes[0]
+        del awq_codes
+        u = xp.ascontiguousarray(nibbles(xp, codes).T)          # [K, N]
+        del codes
+        w.write(out["qweight"], backend.to_host(awq_pack(xp, u)))
+        del u
+        zeros = np.ascontiguousarray(np.concatenate(awq_zeros).T)   # [K/G, N]
+        w.write(out["qzeros"], awq_pack(np, zeros))
+        w.write(out["scales"], np.ascontiguousarray(np.concatenate(awq_scales).T))
+    it.record.bytes_out = it.out_bytes
+    it.record.outputs = [s.name for s in it.outputs]
+    if stats:
+        it.record.signal, it.record.noise, it.record.max_abs_err = signal, noise, worst
+    progress.advance(0, name, finished=True)
+
+
 # ---------------------------------------------------------------------------------------
 # dequantize
 
@@ -1067,16 +1254,31 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
     with open_checkpoint(src) as ck:
         cfg_dtype = (ck.config or {}).get("torch_dtype") or (ck.config or {}).get("dtype")
         fallback = cfg_dtype if cfg_dtype in _ST_OF_FLOAT else "bfloat16"
+        mods = _engine_modules(ck, dtype)
         found = {}
         companions = set()
-        for name in ck.tensors:
-            hit = recognise(ck, name)
-            if hit is not None:
-                found[name] = hit
-                companions.add(name + hit[0].suffix)
-        items, formats = [], set()
+        if mods is None:
+            _refuse_engine_tensors(ck)
+            for name in ck.tensors:
+                hit = recognise(ck, name)
+                if hit is not None:
+                    found[name] = hit
+                    companions.add(name + hit[0].suffix)
+            items, formats = [], set()
+        else:
+            items, companions = _module_items(ck, mods)
+            formats = {it.record.format for it in items}
         for name, info in ck.tensors.items():
             rec = TensorRecord(name, "kept", "", info.dtype, info.shape, info.nbytes)
+            if mods is not None:
+                if name in companions:
+                    continue
+                if (name.endswith("weight") and name[: -len("weight")] in mods):
+                    continue   # replaced by the module's restored weight
+                items.append(_Item(rec, info, [TensorSpec(name, info.dtype, info.shape,
+                                                          info.nbytes)]))
+                rec.reason = "not quantized"
+                continue
             if name in found:
                 fmt, g = found[name]
                 formats.add(fmt.name)
@@ -1106,6 +1308,8 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
             def work(it, ck, w, p):
                 if it.fmt is None:
                     _copy_raw(it, ck, w, p)
+                elif isinstance(it.fmt, _Module):
+                    _dequantize_module(it, ck, w, p, backend, chunk)
                 else:
                     _dequantize_one(it, ck, w, p, backend, chunk)
 
@@ -1117,6 +1321,345 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
             _finish(out, ck, report, names, index_meta, wmap, cfg, extra)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+# ---------------------------------------------------------------------------------------
+# Reading compressed-tensors and AWQ checkpoints
+
+# quant_method values read through cuquant's own layouts (FORMATS): DeepSeek-V3's FP8 and
+# cuquant's.
+_OWN_METHODS = ("fp8", "cuquant")
+_ENGINE_METHODS = ("compressed-tensors", "awq")
+_CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
+
+
+@dataclass
+class _Module:
+    """A quantized module of a compressed-tensors or AWQ checkpoint: how to restore
+    ``base + "weight"``."""
+
+    base: str
+    kind: str            # "packed", "int8", "fp8", "awq"
+    tensors: dict        # role -> tensor name
+    n: int
+    k: int
+    group: int           # elements per scale along K (K for one per row); fp8 blocks: 128
+    bits: int = 8
+    symmetric: bool = True
+    strategy: str = "channel"
+    out_dtype: str = "bfloat16"
+
+
+def _quant_config(ck: Checkpoint) -> dict | None:
+    qc = (ck.config or {}).get("quantization_config")
+    if qc is None:
+        return None
+    if not isinstance(qc, dict):
+        raise CheckpointError("config.json: quantization_config is not a JSON object")
+    return qc
+
+
+def _bad(name: str, what: str) -> CheckpointError:
+    return CheckpointError(f"tensor {name!r}: {what}; refusing to dequantize")
+
+
+def _ct_group_of(qc: dict, module: str) -> tuple[str, dict]:
+    """The config group (name, scheme) whose targets take `module`: a "re:" pattern or the
+    module's own name first, else a group targeting a layer type (e.g. "Linear")."""
+    import re
+
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise CheckpointError("config.json: the compressed-tensors quantization_config has no "
+                              "config_groups; refusing to dequantize")
+    by_type = None
+    for gname, scheme in groups.items():
+        if not isinstance(scheme, dict):
+            raise CheckpointError(f"config.json: config group {gname!r} is not a JSON object")
+        for t in scheme.get("targets") or []:
+            if not isinstance(t, str):
+                continue
+            if t.startswith("re:"):
+                if re.match(t[3:], module):
+                    return gname, scheme
+            elif t == module or module.endswith("." + t):
+                return gname, scheme
+            elif by_type is None and t[:1].isupper():
+                by_type = (gname, scheme)
+    if by_type is None:
+        raise CheckpointError(f"module {module!r} holds quantized tensors but no config group "
+                              "of the quantization_config targets it; refusing to dequantize")
+    return by_type
+
+
+def _ct_modules(ck: Checkpoint, qc: dict, dtype: str | None) -> dict[str, _Module]:
+    """The quantized modules of a compressed-tensors checkpoint, checked against the config."""
+    status = qc.get("quantization_status")
+    if status != "compressed":
+        raise CheckpointError(f"config.json: quantization_status is {status!r}; cuquant reads "
+                              "compressed-tensors checkpoints whose status is 'compressed'")
+    mods: dict[str, _Module] = {}
+    t = ck.tensors
+    for name, info in t.items():
+        if name.endswith("weight_packed"):
+            base = name[: -len("weight_packed")]
+        elif (name.endswith("weight_scale") and (name[: -len("_scale")]) in t
+              and t[name[: -len("_scale")]].dtype in ("I8", "F8_E4M3")):
+            base = name[: -len("weight_scale")]
+        else:
+            continue
+        module = base[:-1] if base.endswith(".") else base
+        gname, scheme = _ct_group_of(qc, module)
+        fmt = scheme.get("format") or qc.get("format")
+        w = scheme.get("weights")
+        if not isinstance(w, dict):
+            raise CheckpointError(f"config.json: config group {gname!r} has no weights "
+                                  "arguments; refusing to dequantize")
+        if fmt not in _CT_FORMATS:
+            raise CheckpointError(f"config.json: config group {gname!r} has format {fmt!r}, "
+                                  f"which cuquant does not read (it reads {', '.join(_CT_FORMATS)})")
+        mods[base] = _ct_module(ck, base, fmt, w, gname, dtype)
+    return mods
+
+
+def _need(ck: Checkpoint, name: str, dtypes: tuple, what: str) -> TensorInfo:
+    info = ck.tensors.get(name)
+    if info is None:
+        raise _bad(name, f"missing ({what})")
+    if info.dtype not in dtypes:
+        raise _bad(name, f"dtype {info.dtype}, expected {' or '.join(dtypes)} ({what})")
+    return info
+
+
+def _shape_is(info: TensorInfo, shape: tuple, what: str) -> None:
+    if tuple(info.shape) != tuple(shape):
+        raise _bad(info.name, f"shape {list(info.shape)}, expected {list(shape)} ({what})")
+
+
+def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
+               dtype: str | None) -> _Module:
+    bits, typ = w.get("num_bits"), w.get("type")
+    strategy, sym = w.get("strategy"), w.get("symmetric", True)
+    where = f"config group {gname!r}"
+    packed = fmt == "pack-quantized"
+    scale = _need(ck, base + "weight_scale", HALF_SCALES if packed else tuple(FLOAT_DTYPES),
+                  "the weight's scale")
+    out_dt = dtype or FLOAT_DTYPES[scale.dtype]
+    if packed:
+        if typ != "int" or bits not in (4, 8):
+            raise CheckpointError(f"config.json: {where}: pack-quantized {typ} weights of "
+                                  f"{bits} bits are not read (4 or 8-bit int)")
+        if not sym and bits != 4:
+            raise CheckpointError(f"config.json: {where}: asymmetric {bits}-bit packs are not "
+                                  "read (4-bit ones are)")
+        packed = _need(ck, base + "weight_packed", ("I32",), "packed codes")
+        shp = _need(ck, base + "weight_shape", ("I64", "I32"), "the weight's shape")
+        if tuple(shp.shape) != (2,):
+            raise _bad(shp.name, f"shape {list(shp.shape)}, expected [2]")
+        n, k = (int(v) for v in ck.file_of(shp.name).read(shp.name))
+        if n <= 0 or k <= 0 or (k * bits) % 32:
+            raise _bad(shp.name, f"weight shape [{n}, {k}]: K * {bits} bits must fill whole "
+                                 "int32 words")
+        _shape_is(packed, (n, k * bits // 32), f"[N, K*{bits}/32] for weight_shape [{n}, {k}]")
+        if strategy == "group":
+            g = w.get("group_size")
+            if not isinstance(g, int) or g <= 0 or k % g:
+                raise CheckpointError(f"config.json: {where}: group_size {g!r} does not divide "
+                                      f"K={k} of {base}weight_packed")
+        elif strategy == "channel":
+            g = k
+        else:
+            raise CheckpointError(f"config.json: {where}: pack-quantized strategy {strategy!r} "
+                                  "is not read (group or channel)")
+        _shape_is(scale, (n, k // g), f"[N, K/{g}]")
+        tensors = {"packed": packed.name, "scale": scale.name, "shape": shp.name}
+        if not sym:
+            zp = _need(ck, base + "weight_zero_point", ("I32",), "the packed zero points")
+            _shape_is(zp, (-(-n * bits // 32), k // g), f"[ceil(N*{bits}/32), K/{g}]")
+            tensors["zero"] = zp.name
+        return _Module(base, "packed", tensors, n, k, g, bits, bool(sym), strategy, out_dt)
+    codes = _need(ck, base + "weight", ("I8",) if typ == "int" else ("F8_E4M3",),
+                  f"{fmt} codes")
+    if len(codes.shape) != 2:
+        raise _bad(codes.name, f"shape {list(codes.shape)}, expected [N, K]")
+    n, k = codes.shape
+    if bits != 8 or not sym or (typ == "int") != (fmt == "int-quantized" or
+                                                 codes.dtype == "I8"):
+        raise CheckpointError(f"config.json: {where}: {fmt} {typ} weights of {bits} bits, "
+                              f"symmetric={sym}, are not read (symmetric 8-bit int or fp8)")
+    if base + "weight_zero_point" in ck.tensors:
+        raise _bad(base + "weight_zero_point", "zero points of int8/fp8 codes are not read")
+    kind = "int8" if codes.dtype == "I8" else "fp8"
+    if strategy == "channel":
+        _shape_is(scale, (n, 1), "[N, 1]")
+        g = k
+    elif strategy == "tensor":
+        if scale.numel() != 1:
+            raise _bad(scale.name, f"shape {list(scale.shape)}, expected one value (tensor)")
+        g = k
+    elif strategy == "block" and kind == "fp8" and w.get("block_structure") in ([128, 128],):
+        _shape_is(scale, (-(-n // 128), -(-k // 128)), "[ceil(N/128), ceil(K/128)]")
+        g = 128
+    else:
+        raise CheckpointError(f"config.json: {where}: {kind} strategy {strategy!r} "
+                              f"(block_structure {w.get('block_structure')}) is not read")
+    return _Module(base, kind, {"codes": codes.name, "scale": scale.name}, n, k, g, 8, True,
+                   strategy, out_dt)
+
+
+HALF_SCALES = ("F16", "BF16")
+
+
+def _awq_modules(ck: Checkpoint, qc: dict, dtype: str | None) -> dict[str, _Module]:
+    version = str(qc.get("version", qc.get("format", "gemm"))).lower()
+    bits, g0 = qc.get("bits", qc.get("w_bit")), qc.get("group_size", qc.get("q_group_size"))
+    if version != "gemm":
+        raise CheckpointError(f"config.json: AWQ version {version!r} is not read (gemm is)")
+    if bits != 4:
+        raise CheckpointError(f"config.json: AWQ with {bits!r} bits is not read (4 is)")
+    if qc.get("zero_point", True) is not True:
+        raise CheckpointError("config.json: AWQ without zero points is not read")
+    if not isinstance(g0, int) or g0 == 0 or g0 < -1:
+        raise CheckpointError(f"config.json: AWQ group_size {g0!r} is not a group size")
+    mods = {}
+    for name in ck.tensors:
+        if not name.endswith("qweight"):
+            continue
+        base = name[: -len("qweight")]
+        qw = _need(ck, name, ("I32",), "AWQ's packed codes")
+        if len(qw.shape) != 2:
+            raise _bad(name, f"shape {list(qw.shape)}, expected [K, N/8]")
+        k, n = qw.shape[0], qw.shape[1] * 8
+        g = k if g0 == -1 else g0
+        if k % g:
+            raise _bad(name, f"K={k} is not a multiple of the group size {g}")
+        sc = _need(ck, base + "scales", ("F16",), "AWQ's scales")
+        _shape_is(sc, (k // g, n), f"[K/{g}, N]")
+        qz = _need(ck, base + "qzeros", ("I32",), "AWQ's packed zero points")
+        _shape_is(qz, (k // g, n // 8), f"[K/{g}, N/8]")
+        mods[base] = _Module(base, "awq", {"qweight": name, "scales": sc.name, "qzeros": qz.name},
+                             n, k, g, 4, False, "group",
+                             dtype or _source_dtype(ck, name) or "float16")
+    return mods
+
+
+def _engine_modules(ck: Checkpoint, dtype: str | None = None) -> dict[str, _Module] | None:
+    """The quantized modules of a compressed-tensors or AWQ checkpoint; None for a
+    checkpoint read through cuquant's own layouts. Refuses methods cuquant does not read."""
+    qc = _quant_config(ck)
+    if qc is None:
+        return None
+    method = qc.get("quant_method")
+    if method in _OWN_METHODS:
+        return None
+    if method == "compressed-tensors":
+        return _ct_modules(ck, qc, dtype)
+    if method == "awq":
+        return _awq_modules(ck, qc, dtype)
+    raise CheckpointError(f"config.json: quantization_config has quant_method {method!r}, which "
+                          f"cuquant does not read (it reads {', '.join(_ENGINE_METHODS)}, "
+                          f"{', '.join(_OWN_METHODS)}); refusing to dequantize")
+
+
+def _module_items(ck: Checkpoint, mods: dict[str, _Module]) -> tuple[list[_Item], set]:
+    """One item for each module (its inputs consumed), and the names consumed."""
+    items, used = [], set()
+    for m in mods.values():
+        names = list(m.tensors.values())
+        used.update(names)
+        first = ck.tensors[names[0]]
+        rec = TensorRecord(m.base + "weight", "dequantized", _module_format(ck, m),
+                           first.dtype, (m.n, m.k), sum(ck.tensors[x].nbytes for x in names))
+        rec.format = rec.reason
+        it = _Item(rec, first, [TensorSpec(m.base + "weight", _ST_OF_FLOAT[m.out_dtype],
+                                           (m.n, m.k))], fmt=m, out_dtype=m.out_dtype)
+        items.append(it)
+    return items, used
+
+
+def _module_format(ck: Checkpoint, m: _Module) -> str:
+    if m.kind == "awq":
+        return "AWQ"
+    if m.kind == "packed":
+        name = f"W{m.bits}A16" + ("" if m.symmetric else "_ASYM")
+        return name if m.strategy == "group" and m.group == 128 else f"{name} ({m.strategy}" + \
+            (f" {m.group})" if m.strategy == "group" else ")")
+    return {"int8": "int8", "fp8": "fp8"}[m.kind] + f" ({m.strategy})"
+
+
+def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progress,
+                       backend: Backend, chunk: int) -> None:
+    import cuquant
+
+    m: _Module = it.fmt
+    xp = backend.xp
+    out_name = it.outputs[0].name
+    t = m.tensors
+
+    def read(role, r0=None, r1=None):
+        f = ck.file_of(t[role])
+        return f.read(t[role]) if r0 is None else f.read_rows(t[role], r0, r1)
+
+    if m.kind == "awq":
+        # Stored transposed: restored whole, then written in bands of rows.
+        u = awq_unpack(xp, backend.to_device(read("qweight")))             # [K, N]
+        q = pack_nibbles_rows(xp, xp.ascontiguousarray(u.T))                # [N, K/2]
+        del u
+        sc = np.ascontiguousarray(read("scales").T)                         # [N, K/G]
+        z = np.ascontiguousarray(awq_unpack(np, read("qzeros")).T).astype(np.float16)
+        x = cuquant.dequantize_groupwise_zero_point(q, backend.to_device(sc),
+                                                    backend.to_device(z), m.group, m.out_dtype,
+                                                    bits=4)
+        w.write(out_name, backend.to_host(x))
+        progress.advance(it.record.bytes_in, out_name)
+    elif m.kind == "packed":
+        sdt = ck.tensors[t["scale"]].dtype
+        zeros_all = None
+        if not m.symmetric:
+            zeros_all = unpack_rows_4bit(np, read("zero"), m.n)
+        align = 8 if not m.symmetric else 1
+        for r0, r1 in _bands(m.n, m.k, align, chunk):
+            words = backend.to_device(read("packed", r0, r1))
+            q = bytes_of_words(xp, words)          # [r, K/2] (4 bits) or [r, K] (8 bits)
+            sc = read("scale", r0, r1)
+            if zeros_all is None:
+                z = np.full(sc.shape, 1 << (m.bits - 1), np.float32)
+            else:
+                z = zeros_all[r0:r1].astype(np.float32)
+            z = z.astype(numpy_dtype(sdt))
+            x = cuquant.dequantize_groupwise_zero_point(q, backend.to_device(sc),
+                                                        backend.to_device(z), m.group,
+                                                        m.out_dtype, bits=m.bits)
+            w.write(out_name, backend.to_host(x))
+            progress.advance(words.nbytes + sc.nbytes, out_name)
+    else:
+        deq = (cuquant.dequantize_int8_per_channel if m.kind == "int8"
+               else cuquant.dequantize_fp8_per_row)
+        block = m.strategy == "block"
+        s_all = read("scale").astype(np.float32)
+        for r0, r1 in _bands(m.n, m.k, 128 if block else 1, chunk):
+            codes = read("codes", r0, r1)
+            if block:
+                s = s_all[r0 // 128: _cdiv(r1, 128)]
+                x = cuquant.dequantize_fp8_per_block(backend.to_device(codes),
+                                                     backend.to_device(s), m.out_dtype)
+            else:
+                s = (s_all.reshape(-1)[r0:r1] if m.strategy == "channel"
+                     else np.full(r1 - r0, s_all.reshape(-1)[0], np.float32))
+                x = deq(backend.to_device(codes), backend.to_device(np.ascontiguousarray(s)),
+                        m.out_dtype)
+            w.write(out_name, backend.to_host(x))
+            progress.advance(codes.nbytes, out_name)
+    it.record.bytes_out = it.out_bytes
+    it.record.outputs = [out_name]
+    progress.advance(0, out_name, finished=True)
+
+
+def pack_nibbles_rows(xp, u):
+    """uint8 [R, 2C] in [0, 15] -> uint8 [R, C], the first of a pair in the low nibble."""
+    from ._engine_formats import pack_nibbles
+
+    return pack_nibbles(xp, u)
 
 
 def _source_dtype(ck: Checkpoint, name: str) -> str | None:
@@ -1132,6 +1675,17 @@ def _source_dtype(ck: Checkpoint, name: str) -> str | None:
         if d in _ST_OF_FLOAT:
             return d
     return None
+
+
+def _refuse_engine_tensors(ck: Checkpoint) -> None:
+    """compressed-tensors' or AWQ's tensors without the config that says how to read them
+    would be copied as if they were weights."""
+    for name in ck.tensors:
+        if name.endswith(("weight_packed", "qweight")):
+            raise CheckpointError(
+                f"tensor {name!r} holds packed codes (compressed-tensors or AWQ), but there is "
+                "no quantization_config of that method in config.json to read them by; "
+                "refusing to copy codes as if they were weights")
 
 
 def _refuse_orphan(ck: Checkpoint, name: str, info: TensorInfo) -> None:
@@ -1181,6 +1735,11 @@ def _dequantize_one(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _
 # ---------------------------------------------------------------------------------------
 # inspect
 
+_ROLE_WORDS = {"packed": "codes", "codes": "codes", "qweight": "codes", "scale": "scale",
+               "scales": "scale", "zero": "zero points", "qzeros": "zero points",
+               "shape": "shape"}
+
+
 def inspect_checkpoint(path) -> dict:
     """What a checkpoint holds: per file its metadata, per tensor its dtype, shape, bytes
     and role (high precision, the codes of a format, or a format's scale).
@@ -1193,15 +1752,31 @@ def inspect_checkpoint(path) -> dict:
     """
     with open_checkpoint(path) as ck:
         roles: dict[str, str] = {}
+        problems = []
+        mods = None
+        try:
+            mods = _engine_modules(ck)
+            if mods is None:
+                _refuse_engine_tensors(ck)
+        except CheckpointError as e:
+            problems.append(str(e))
+        for m in (mods or {}).values():
+            label = _module_format(ck, m)
+            for role, name in m.tensors.items():
+                roles[name] = f"{label} {_ROLE_WORDS.get(role, role)}"
         for name in ck.tensors:
+            if mods is not None or name in roles:
+                continue
             hit = recognise(ck, name)
             if hit is not None:
                 fmt = hit[0]
                 roles[name] = f"{fmt.name} codes"
                 roles[name + fmt.suffix] = f"{fmt.name} {'params' if fmt.grouped else 'scale'}"
-        problems = []
         for name, info in ck.tensors.items():
             if name in roles:
+                continue
+            if mods is not None or problems:
+                roles[name] = "high precision" if info.dtype in FLOAT_DTYPES else "other"
                 continue
             try:
                 _refuse_orphan(ck, name, info)

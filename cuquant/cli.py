@@ -255,9 +255,12 @@ def cmd_demo(args) -> int:
 # Arguments
 
 def build_parser() -> argparse.ArgumentParser:
-    from .checkpoint import DEFAULT_SKIP, FORMATS
+    from .checkpoint import COMMAND_FORMATS, DEFAULT_SKIP, ENGINE_FORMATS, FORMATS
 
-    formats = "\n".join(f"  {f.name:<13} {f.about}" for f in FORMATS.values())
+    about = {name: (ENGINE_FORMATS.get(name) or FORMATS[name]).about for name in COMMAND_FORMATS}
+    formats = "\n".join(textwrap.fill(f"{name:<12} {text}", 88, initial_indent="  ",
+                                       subsequent_indent=" " * 15)
+                         for name, text in about.items())
     p = argparse.ArgumentParser(
         prog="cuquant",
         description=textwrap.fill(
@@ -289,14 +292,18 @@ def build_parser() -> argparse.ArgumentParser:
             "Quantize the 2-D weight matrices of a checkpoint; every other tensor, and "
             "weights matching a --skip pattern, stay in high precision. Writes shards, an "
             "index, and the model directory's other files (config.json gains a "
-            "quantization_config).", 88),
+            "quantization_config). Every format is one that inference engines load: the "
+            "compressed-tensors schemes (vLLM, SGLang, lmdeploy, transformers with "
+            "compressed-tensors), AWQ, and DeepSeek-V3's fp8-block.", 88),
         epilog=textwrap.fill("default --skip patterns (whole names, glob): "
                              + " ".join(DEFAULT_SKIP), 88),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     q.add_argument("input", metavar="IN", help="a .safetensors file, a model directory, or an "
                                                "index .json")
     q.add_argument("output", metavar="OUT", help="the output directory")
-    q.add_argument("--format", "-f", required=True, choices=list(FORMATS))
+    q.add_argument("--format", "-f", required=True, choices=list(COMMAND_FORMATS),
+                   help="W8A8, FP8_DYNAMIC, W4A16, W4A16_ASYM, W8A16 (compressed-tensors), "
+                        "AWQ, or fp8-block (DeepSeek-V3)")
     q.add_argument("--skip", action="append", default=[], metavar="GLOB",
                    help="keep tensors whose whole name matches GLOB in high precision "
                         "(repeatable; adds to the defaults)")
@@ -305,16 +312,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--scale-format", choices=("float32", "ue8m0"), default="float32",
                    help="fp8-block: ue8m0 rounds each tile scale up to a power of two")
     q.add_argument("--group-size", type=int, default=128, metavar="G",
-                   help="int4-group: elements per group (default 128)")
+                   help="W4A16, W4A16_ASYM, W8A16, AWQ: elements per group along K "
+                        "(default 128)")
     q.add_argument("--no-stats", action="store_true",
                    help="skip measuring the quantization error (faster)")
     common(q)
     q.set_defaults(fn=cmd_quantize)
 
     d = sub.add_parser("dequantize", help="restore a float checkpoint",
-                       description="Dequantize every quantized weight (cuquant's formats, or a "
-                                   "DeepSeek-V3-style FP8 checkpoint) and drop the "
-                                   "quantization_config from config.json.")
+                       description="Dequantize every quantized weight (compressed-tensors, "
+                                   "AWQ, DeepSeek-V3-style FP8, or cuquant's own formats) and "
+                                   "drop the quantization_config from config.json.")
     d.add_argument("input", metavar="IN")
     d.add_argument("output", metavar="OUT")
     d.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),

@@ -186,6 +186,7 @@ def run_demo(size="200MB", out=None, device="auto", plot="cuquant-demo.png", pro
     draw it. Returns the exit code."""
     from . import __version__
     from .checkpoint import (
+        COMMAND_FORMATS,
         FORMATS,
         CheckpointError,
         human_bytes,
@@ -217,9 +218,9 @@ def run_demo(size="200MB", out=None, device="auto", plot="cuquant-demo.png", pro
               f"{backend.name}", file=stream)
         rows = []
         show = progress if progress is not None else sys.stderr.isatty()
-        for name in formats or FORMATS:
-            fmt = FORMATS[name]
-            if not fmt.available():
+        for name in formats or COMMAND_FORMATS:
+            fmt = FORMATS.get(name)
+            if fmt is not None and not fmt.available():
                 print(f"  {name}: skipped, this cuquant has no {fmt.quantize_fn}", file=stream)
                 continue
             bar = ProgressBar(f"{name:>12}") if show else None

@@ -6,6 +6,10 @@ minimum/maximum:
 
 - ``s = dtype(max(hi - lo, f32(1e-5)) / f32(2**bits - 1))`` (stored in x's dtype; below,
   s means f32(s)); ``z = clamp(rne(-lo / s), 0, 2**bits - 1)``;
+- or, with ``symmetric=True``, ``s = dtype(max(amax, f32(1e-5)) / f32((2**bits - 1) / 2))``
+  with ``amax = max(|lo|, |hi|)`` (7.5 for 4 bits, 127.5 for 8: the divisor of
+  compressed-tensors' and GPTQ's symmetric observers) and the fixed ``z = 2**(bits - 1)``;
+  the signed code ``q - z`` then lies in [-2**(bits-1), 2**(bits-1) - 1];
 - ``q = clamp(R(x / s) + z, 0, 2**bits - 1)``, a NaN giving 0, with R round half to even,
   or, for ``rounding="stochastic"``, ``R(v) = floor(v) + (f32(r >> 8) < frac(v) * 2**24)``
   for a uint32 random word r per element;
@@ -53,7 +57,8 @@ def _seed(seed, op: str) -> int:
 
 @_fast.replayable
 def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=None,
-                                  seed=None, *, stream=None, policy=DEFAULT_POLICY):
+                                  seed=None, *, symmetric=False, stream=None,
+                                  policy=DEFAULT_POLICY):
     """Quantize groups along K to unsigned codes with a zero point (lmdeploy's
     QuantizeGroupwise), optionally with stochastic rounding.
 
@@ -72,6 +77,11 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
         For ``rounding="stochastic"`` instead of rbits: the words come from Philox4x32-10
         (see the module notes; `random_bits(x.shape, seed)` gives them), so one seed gives
         the same codes on CPU and GPU.
+    symmetric : bool, default False
+        A scale from the group's largest magnitude, ``dtype(max(amax, f32(1e-5)) /
+        f32((2**bits - 1) / 2))``, and the fixed zero point ``2**(bits - 1)`` (8 or 128):
+        the unsigned codes are the signed codes of compressed-tensors' symmetric formats
+        plus that offset. Works with either rounding.
     stream : optional
     policy : KernelPolicy, optional
         Which kernels run on a GPU (see `cuquant.KernelPolicy`); never changes the result.
@@ -82,7 +92,7 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
         bits=4: [M, K/2], the first element of each pair in the low nibble. bits=8: [M, K].
     scales : array [M, K / group_size], x's dtype
     zeros : array [M, K / group_size], x's dtype
-        Integer zero points in [0, 2**bits - 1].
+        Integer zero points in [0, 2**bits - 1] (all ``2**(bits - 1)`` when symmetric).
     dequant : array [M, K], x's dtype
         The reconstruction ``dtype(f32(q - z) * f32(s))``.
     """
@@ -91,6 +101,8 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
     s = stream_of(stream, op)
     b = check_bits(bits, op)
     v.check_choice(rounding, op, "rounding", ROUNDINGS)
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"{op}: symmetric must be True or False; got {symmetric!r}")
     a = intake(x, op, "x", s)
     t = v.check_float(a, op, "x", HALVES)
     v.check_ndim(a, op, "x", 2, "[M, K]")
@@ -120,7 +132,10 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
             same_place(op, ("x", a), ("rbits", r))
     if a.device == HOST:
         return host_results(a, _numpy.quantize_groupwise_zero_point(
-            a.data, b, g, rounding, None if r is None else r.data, sd if mode == _gpu_zero_point.PHILOX else None))
+            a.data, b, g, rounding, None if r is None else r.data,
+            sd if mode == _gpu_zero_point.PHILOX else None, bool(symmetric)))
+    if symmetric:
+        mode |= _gpu_zero_point.SYMMETRIC
     return run_gpu(a, s, _gpu_zero_point.quantize, a.data, t, b, g, mode,
                    None if r is None else r.data, sd, policy)
 

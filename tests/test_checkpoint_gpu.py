@@ -1,6 +1,7 @@
 """Checkpoints on the GPU: the CuPy path writes the same bytes as the NumPy path, for every
-format (UE8M0 scales and edge values included), and PyTorch's own safetensors loader reads
-the fp8-block output as torch.float8_e4m3fn. Run on a CUDA machine:
+format (UE8M0 scales, the compressed-tensors schemes, AWQ, and edge values included) and
+restores the same bytes, and PyTorch's own safetensors loader reads the fp8-block output as
+torch.float8_e4m3fn. Run on a CUDA machine:
 `python -m pytest -m gpu tests/test_checkpoint_gpu.py`."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from cuquant._safetensors import SafetensorsFile, save_file
 
 pytestmark = pytest.mark.gpu
 
-CASES = [(f, "float32") for f in ckpt.FORMATS] + [("fp8-block", "ue8m0")]
+CASES = ([(f, "float32") for f in ckpt.FORMATS] + [("fp8-block", "ue8m0")]
+         + [(f, "float32") for f in ckpt.ENGINE_FORMATS])
 
 
 def same_tree(a, b):

@@ -22,7 +22,14 @@ from cuquant import checkpoint as ckpt
 from cuquant.cli import main
 
 ROOT = Path(cuquant.__file__).resolve().parents[1]
-FORMATS = list(ckpt.FORMATS)
+FORMATS = list(ckpt.COMMAND_FORMATS)
+# What a format stores beside module M for its weight M.weight.
+STORED = {"fp8-block": ("weight", "weight_scale_inv"), "W8A8": ("weight", "weight_scale"),
+          "FP8_DYNAMIC": ("weight", "weight_scale"),
+          "W4A16": ("weight_packed", "weight_scale", "weight_shape"),
+          "W4A16_ASYM": ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point"),
+          "W8A16": ("weight_packed", "weight_scale", "weight_shape"),
+          "AWQ": ("qweight", "qzeros", "scales")}
 
 
 @pytest.fixture
@@ -56,21 +63,22 @@ def test_quantize_inspect_dequantize(model, tmp_path, capsys, fmt):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["format"] == fmt and report["device"] == "cpu"
     assert report["cuquant_version"] == cuquant.__version__
-    assert report["summary"]["quantized"] >= len(QUANTIZED) - 1
+    # The grouped formats take 16-bit weights whose K is a multiple of 128 only.
+    wanted = len(QUANTIZED) - (1 if fmt in ("fp8-block", "W8A8", "FP8_DYNAMIC") else 3)
+    assert report["summary"]["quantized"] >= wanted
     (group,) = [g for g in report["groups"] if g["group"] == fmt]
     assert group["sqnr_db"] > 10 and group["max_abs_err"] > 0
 
     assert main(["inspect", str(q)]) == 0
     out, _ = capsys.readouterr()
-    suffix = ckpt.FORMATS[fmt].suffix
-    assert f"{fmt} codes" in out and "high precision" in out
-    assert "model.layers.0.self_attn.q_proj.weight" + suffix in out
+    assert " codes" in out and "high precision" in out
+    m = "model.layers.0.self_attn.q_proj."
+    assert m + STORED[fmt][-1] in out
     assert main(["inspect", str(q), "--json", "--filter", "*q_proj*"]) == 0
     info = json.loads(capsys.readouterr().out)
     names = {t["name"] for f in info["files"] for t in f["tensors"]}
-    assert names == {"model.layers.0.self_attn.q_proj.weight",
-                     "model.layers.0.self_attn.q_proj.weight" + suffix,
-                     "model.layers.0.self_attn.q_proj.bias"}
+    assert names == {m + s for s in STORED[fmt]} | {m + "bias"}
+    assert not info["problems"]
 
     assert main(["dequantize", str(q), str(back), "--device", "cpu"]) == 0
     out, _ = capsys.readouterr()
@@ -92,7 +100,7 @@ def test_python_dash_m_and_version():
 
 
 def test_progress_when_asked(model, tmp_path, capsys):
-    assert main(["quantize", str(model), str(tmp_path / "q"), "-f", "fp8-row", "--device", "cpu",
+    assert main(["quantize", str(model), str(tmp_path / "q"), "-f", "FP8_DYNAMIC", "--device", "cpu",
                  "--progress", "--quiet"]) == 0
     out, err = capsys.readouterr()
     assert out == ""
@@ -147,12 +155,12 @@ def test_output_exists(model, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "precious").write_text("keep me")
-    rc, _, err = run_cli("quantize", model, out, "-f", "int8-channel")
+    rc, _, err = run_cli("quantize", model, out, "-f", "W8A8")
     _refused(rc, err, "already exists", "--overwrite")
     assert leftovers(out) == ["precious"]
     rc, _, err = run_cli("dequantize", model, out)
     _refused(rc, err, "already exists")
-    rc, _, err = run_cli("quantize", model, out, "-f", "int8-channel", "--overwrite")
+    rc, _, err = run_cli("quantize", model, out, "-f", "W8A8", "--overwrite")
     assert rc == 0, err
     assert "precious" not in leftovers(out)
     assert leftovers(tmp_path) == ["model", "out"]
@@ -218,11 +226,11 @@ def test_missing_scale_on_dequantize(model, tmp_path, capsys):
 
 
 def test_bad_device_and_sizes(model, tmp_path, capsys):
-    assert main(["quantize", str(model), str(tmp_path / "o"), "-f", "fp8-row",
+    assert main(["quantize", str(model), str(tmp_path / "o"), "-f", "FP8_DYNAMIC",
                  "--max-shard-size", "lots"]) == 1
     assert "cannot read 'lots' as a size" in capsys.readouterr().err
     if not ckpt.gpu_available():
-        assert main(["quantize", str(model), str(tmp_path / "o"), "-f", "fp8-row",
+        assert main(["quantize", str(model), str(tmp_path / "o"), "-f", "FP8_DYNAMIC",
                      "--device", "cuda"]) == 1
         assert "no CUDA device" in capsys.readouterr().err
     assert leftovers(tmp_path) == ["model"]

@@ -17,12 +17,14 @@ PACKAGE = Path(cuquant.__file__).parent
 # The layers, lowest first: a module may import modules of its own layer and of the layers
 # below it, never above (docs/design.md).
 LAYERS = (
-    ("core", ("cuquant._core",)),
+    ("dtypes", ("cuquant._core.dtypes",)),
     ("numpy", ("cuquant._numpy",)),
+    ("core", ("cuquant._core",)),
     ("cuda", ("cuquant._cuda",)),
     ("ops", ("cuquant.int8", "cuquant.fp8", "cuquant.groupwise", "cuquant.zero_point")),
     ("api", ("cuquant",)),
-    ("applications", ("cuquant.compat", "cuquant.checkpoint", "cuquant._safetensors")),
+    ("applications", ("cuquant.compat", "cuquant.checkpoint", "cuquant._safetensors",
+                      "cuquant._engine_formats")),
     ("command", ("cuquant.cli", "cuquant.demo", "cuquant.__main__")),
     ("testing", ("cuquant.testing",)),
 )

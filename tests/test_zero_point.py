@@ -92,6 +92,63 @@ def test_stochastic_rounding_by_hand():
     assert deq.tolist() == [[0.0, 15.0, 3.0, 2.0, 3.0, 7.0]]
 
 
+def test_symmetric_by_hand():
+    # amax 15: s = 15 / 7.5 = 2, z = 8; x / s = -7.5 -> -8 (tie to even) -> code 0,
+    # 7.5 -> 8 -> 16, clamped to 15 (as compressed-tensors' symmetric observer does)
+    x = np.array([[-15.0, 15.0, 3.0, -3.0, 5.0, 0.0, 1.0, -1.0]], dtype=np.float16)
+    q, s, z, deq = cq.quantize_groupwise_zero_point(x, 4, 8, symmetric=True)
+    assert s.tolist() == [[2.0]] and z.tolist() == [[8.0]]
+    # 3 / 2 = 1.5 -> 2; -1.5 -> -2; 2.5 -> 2; 0.5 -> 0; -0.5 -> -0
+    assert unpack_low_first(q).tolist() == [[0, 15, 10, 6, 10, 8, 8, 8]]
+    assert deq.tolist() == [[-16.0, 14.0, 4.0, -4.0, 4.0, 0.0, 0.0, 0.0]]
+    # 8 bits: amax 255: s = 255 / 127.5 = 2, z = 128
+    x = np.array([[-255.0, 255.0, 3.0, -1.0]], dtype=BF16)
+    q, s, z, deq = cq.quantize_groupwise_zero_point(x, 8, 4, symmetric=True)
+    assert s.tolist() == [[2.0]] and z.tolist() == [[128.0]]
+    assert q.tolist() == [[0, 255, 130, 128]]
+    assert deq.tolist() == [[-256.0, 254.0, 4.0, 0.0]]
+
+
+def test_symmetric_scale_is_rounded_and_codes_use_it():
+    # amax 1: s = bf16(1 / 7.5) = bf16(0.1333...) = 0.1337890625 (0x3E09); codes divide by
+    # that stored value: 1 / 0.13379 = 7.474 -> 7, 0.5 / 0.13379 = 3.737 -> 4
+    x = np.array([[-1.0, 0.5, 0.25, 1.0]], dtype=BF16)
+    q, s, z, deq = cq.quantize_groupwise_zero_point(x, 4, 4, symmetric=True)
+    assert s.view(np.uint16).tolist() == [[0x3E09]]
+    assert unpack_low_first(q).tolist() == [[1, 12, 10, 15]]
+    want = (np.array([-7, 4, 2, 7], F32) * F32(0.1337890625)).astype(BF16)
+    assert_same_bits(deq, want.reshape(1, 4))
+    back = cq.dequantize_groupwise_zero_point(q, s, z, 4, "bfloat16")
+    assert_same_bits(back, deq)
+
+
+def test_symmetric_zero_and_nan_groups():
+    # amax floor f32(1e-5): s = f16(1e-5 / 7.5) = 22 * 2**-24; zeros give code 8, value 0
+    x = np.array([[0.0] * 4 + [1.0, np.nan, 2.0, 3.0]], dtype=np.float16)
+    q, s, z, deq = cq.quantize_groupwise_zero_point(x, 4, 4, symmetric=True)
+    assert s.view(np.uint16).tolist() == [[0x0016, 0x7FFF]]
+    assert z.tolist() == [[8.0, 8.0]]
+    assert unpack_low_first(q).tolist() == [[8] * 4 + [0] * 4]
+    assert deq.view(np.uint16).tolist() == [[0] * 4 + [0x7FFF] * 4]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_symmetric_matches_its_definition(rng, bits, dtype):
+    x = (rng.standard_normal((6, 256)) * np.exp(rng.standard_normal((6, 1)))).astype(dtype)
+    q, s, z, deq = cq.quantize_groupwise_zero_point(x, bits, 64, symmetric=True)
+    half = F32(((1 << bits) - 1) / 2)
+    xg = x.astype(F32).reshape(6, 4, 64)
+    amax = np.abs(xg).max(axis=-1)
+    s_want = (np.maximum(amax, F32(1e-5)) / half).astype(F32).astype(dtype)
+    assert_same_bits(s, s_want)
+    codes = np.clip(np.rint(xg / s_want.astype(F32)[..., None]) + (1 << (bits - 1)), 0,
+                    (1 << bits) - 1).astype(np.uint8).reshape(6, 256)
+    got = unpack_low_first(q) if bits == 4 else q
+    assert np.array_equal(got, codes)
+    assert (z == (1 << (bits - 1))).all()
+
+
 def test_philox_known_answers():
     # Random123's published vectors for Philox4x32-10
     assert [int(w) for w in philox4x32_10((0, 0, 0, 0), (0, 0))] == \
@@ -265,6 +322,8 @@ REFUSALS = [
     (cq.quantize_groupwise_zero_point, (X,), {"rounding": "stochastic", "rbits": R, "seed": 1},
      ValueError, ["rbits", "seed", "both"]),
     (cq.quantize_groupwise_zero_point, (X,), {"seed": 1}, ValueError, ["seed", "stochastic"]),
+    (cq.quantize_groupwise_zero_point, (X,), {"symmetric": "yes"}, TypeError,
+     ["symmetric", "'yes'"]),
     (cq.quantize_groupwise_zero_point, (X,), {"rounding": "stochastic", "rbits": R[:, :128]},
      ValueError, ["rbits", "(4, 256)", "(4, 128)"]),
     (cq.quantize_groupwise_zero_point, (X,), {"rounding": "stochastic", "rbits": R.view(np.int32)},

@@ -24,6 +24,8 @@ import threading
 
 import numpy as np
 
+from .dask import call as dask_call, is_dask
+
 PLAN_LIMIT = 4096  # replays kept; past that the table starts over (as _gpu's plan tables)
 
 _table: dict = {}  # key -> replay
@@ -58,9 +60,13 @@ def replayable(op):
     @functools.wraps(op)
     def call(*args, stream=None, **kwargs):
         if stream is not None or not args:
+            if args and is_dask(args[0]):
+                return dask_call(call, op.__name__, args, dict(kwargs, stream=stream))
             return op(*args, stream=stream, **kwargs)
         x = args[0]
         if type(x) is not ND or not x._c_contiguous:
+            if is_dask(x):  # chunk by chunk, each through this op
+                return dask_call(call, op.__name__, args, kwargs)
             return op(*args, **kwargs)
         args = args[1:]
         d = x.data

@@ -17,6 +17,7 @@ from .policy import DEFAULT_POLICY
 
 SRC = "zero_point.cu"
 NEAREST, RBITS, PHILOX = 0, 1, 2   # ZpMode in cuda_src/zero_point.cu
+SYMMETRIC = 4   # ZP_SYMMETRIC: a flag over the rounding mode
 
 # Units a dequantizing thread has in flight where each unit loads its own parameters (groups
 # of fewer than groupwise.WARP_MIN_UNITS units, the general path and the spanning kernel):
@@ -107,8 +108,10 @@ def quantize(stream, x, t, bits, g, mode, rbits, seed, policy=DEFAULT_POLICY):
             ((m, k // 2 if bits == 4 else k), _code_type(bits).numpy), ((m, k // g), t.numpy),
             ((m, k // g), t.numpy), ((m, k), t.numpy)))
     rb = None if rbits is None else contiguous(rbits)
-    staged_fmt_of_bits, hold, two_pass_units, tile_fmt_of_bits = KERNELS_BY_MODE[mode]
-    if mode == PHILOX and x.size > policy.seeded_build_max_elements:
+    # The symmetric flag changes a group's parameters only: the rounding's kernels serve it.
+    rounding = mode & ~SYMMETRIC
+    staged_fmt_of_bits, hold, two_pass_units, tile_fmt_of_bits = KERNELS_BY_MODE[rounding]
+    if rounding == PHILOX and x.size > policy.seeded_build_max_elements:
         tile_fmt_of_bits = _zp_format
     # The tile kernel a warp a tile (see groups.py): the zero point's three outputs keep a
     # warp's registers too busy for a second tile.
@@ -120,7 +123,7 @@ def quantize(stream, x, t, bits, g, mode, rbits, seed, policy=DEFAULT_POLICY):
         return outputs.make(), False
     run = QuantizeRun(outputs, plan, mode, seed)
     # Seeded calls are not kept: a seed is part of the key, and seeds change call by call.
-    if mode != PHILOX and xc is x and rb is rbits:
+    if rounding != PHILOX and xc is x and rb is rbits:
         _fast.offer(run)
     return run(stream, (xc.data.ptr,) if rb is None else (xc.data.ptr, rb.data.ptr)), False
 

@@ -49,7 +49,7 @@ def random_bits(shape, seed: int, offset: int = 0) -> np.ndarray:
 
 
 def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=None,
-                                  seed=None):
+                                  seed=None, symmetric=False):
     x = np.asarray(x)
     t = float_type_of(x.dtype)
     m, k = x.shape
@@ -58,11 +58,19 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
     x32 = _core.f32(x).reshape(-1, g)
     lo, hi = group_min_max(x32)
     with np.errstate(all="ignore"):
-        s_t = (np.maximum((hi - lo).astype(F32), _EPS) / qmax).astype(F32).astype(t.numpy)
+        if symmetric:
+            # s = T(max(amax, 1e-5) / (qmax / 2)); the zero point is the middle code.
+            amax = np.maximum(np.abs(lo), np.abs(hi))
+            s_t = (np.maximum(amax, _EPS) / (qmax / F32(2))).astype(F32).astype(t.numpy)
+        else:
+            s_t = (np.maximum((hi - lo).astype(F32), _EPS) / qmax).astype(F32).astype(t.numpy)
         s_t = _core.canonical_nan(s_t, t.nan_bits)
         s = s_t.astype(F32)
-        zq = (-lo / s).astype(F32)
-        z = np.where(np.isnan(zq), F32(0), np.clip(np.rint(zq), F32(0), qmax)).astype(np.int32)
+        if symmetric:
+            z = np.full(s.shape, 1 << (bits - 1), np.int32)
+        else:
+            zq = (-lo / s).astype(F32)
+            z = np.where(np.isnan(zq), F32(0), np.clip(np.rint(zq), F32(0), qmax)).astype(np.int32)
         v = (x32 / s[:, None]).astype(F32)
         if rounding == "nearest":
             r = np.rint(v)

@@ -194,7 +194,8 @@ def _make_zp_dequantize(xp, rng, shape, dtype, source_dtype="float16", **kw):
     return (q, scales, zeros, kw.get("group_size", 128), dtype), {}
 
 
-def t_quantize_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=None, seed=None):
+def t_quantize_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=None, seed=None,
+                          symmetric=False):
     """torch eager: nearest rounding, not bit-exact (baseline only)."""
     import torch
 
@@ -202,8 +203,12 @@ def t_quantize_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=N
     xf = x.float().reshape(m, k // group_size, group_size)
     hi, lo = xf.amax(dim=-1, keepdim=True), xf.amin(dim=-1, keepdim=True)
     qmax = 2 ** bits - 1
-    s = ((hi - lo).clamp_min(1e-5) / qmax).to(x.dtype).float()
-    z = (-lo / s).round().clamp(0, qmax)
+    if symmetric:
+        s = (torch.maximum(hi.abs(), lo.abs()).clamp_min(1e-5) / (qmax / 2)).to(x.dtype).float()
+        z = torch.full_like(s, 2 ** (bits - 1))
+    else:
+        s = ((hi - lo).clamp_min(1e-5) / qmax).to(x.dtype).float()
+        z = (-lo / s).round().clamp(0, qmax)
     q = ((xf / s).round() + z).clamp(0, qmax)
     deq = ((q - z) * s).to(x.dtype).reshape(m, k)
     q = q.to(torch.uint8).reshape(m, k)
@@ -231,10 +236,16 @@ def _zero_point_ops() -> list[Op]:
         variants = tuple({"bits": bits, "group_size": g, "rounding": "nearest"} for g in groups)
         variants += tuple({"bits": bits, "group_size": g, "rounding": "stochastic", "source": src}
                           for g in (32, 64, 128, 256, 6) for src in ("seed", "rbits"))
+        variants += tuple({"bits": bits, "group_size": g, "rounding": "nearest", "symmetric": True}
+                          for g in groups)
+        variants += tuple({"bits": bits, "group_size": g, "rounding": "stochastic", "source": src,
+                           "symmetric": True} for g in (128, 6) for src in ("seed", "rbits"))
         ops.append(Op("quantize_groupwise_zero_point", fam, "quantize", H, _make_zp_quantize,
                       variants=variants, shapes=ZP_SHAPES,
                       bench_variants=tuple({"bits": bits, "group_size": 128, "rounding": r}
-                                           for r in ("nearest", "stochastic")),
+                                           for r in ("nearest", "stochastic"))
+                      + ({"bits": bits, "group_size": 128, "rounding": "nearest",
+                          "symmetric": True},),
                       target=target, torch_ref=t_quantize_zero_point,
                       notes=f"{bits}-bit; stochastic draws Philox4x32-10 words in the kernel"))
     ops.append(Op("dequantize_groupwise_zero_point", fam, "dequantize", F, _make_zp_dequantize,
