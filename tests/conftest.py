@@ -5,9 +5,20 @@ seed it reports on failure."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+# The folders of tests mirror the package; test modules import helpers from one another by
+# module name (`from test_gpu import ...`, `from _util import ...`), whichever folder they
+# are in, so every folder is on the path (module names are unique across folders).
+_TESTS = Path(__file__).resolve().parent
+for _folder in [_TESTS] + sorted(p for p in _TESTS.iterdir()
+                                 if p.is_dir() and not p.name.startswith((".", "__"))):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 def _gpu_available() -> bool:

@@ -23,8 +23,11 @@ def wheel(tmp_path_factory):
 
 def test_wheel_carries_cuda_sources(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    sources = {Path(n).name for n in names if n.startswith("cuquant/cuda_src/")}
-    assert sources == {p.name for p in (ROOT / "cuda_src").iterdir() if p.suffix in (".cu", ".cuh")}
+    prefix = "cuquant/cuda_src/"
+    sources = {n[len(prefix):] for n in names if n.startswith(prefix) and not n.endswith("/")}
+    folder = ROOT / "cuda_src"
+    assert sources == {p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                       if p.suffix in (".cu", ".cuh")}
     assert not any(n.startswith("cuda_src/") for n in names)
 
 
@@ -36,7 +39,8 @@ def test_installed_wheel_works_outside_the_checkout(wheel, tmp_path):
         "from cuquant._cuda import kernels as _kernels\n"
         "d = _kernels.source_dir()\n"
         "assert 'site' in str(d) and d.joinpath('symmetric.cu').is_file(), d\n"
-        "assert '#include' not in _kernels.source('symmetric.cu')\n"
+        "for src in ('symmetric.cu', 'groupwise.cu', 'zero_point.cu'):\n"
+        "    assert '#include' not in _kernels.source(src), src\n"
         "q, s = cuquant.quantize_int8_per_channel(np.ones((2, 4), np.float32))\n"
         "assert q.tolist() == [[127] * 4] * 2\n"
         "print('ok')\n"

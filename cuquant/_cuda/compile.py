@@ -1,5 +1,5 @@
 """The compile check: every specialization each kernel family can launch, compiled with NVRTC
-for an architecture, with the options CuPy uses, without a GPU (tests/test_compile.py,
+for an architecture, with the options CuPy uses, without a GPU (tests/_cuda/test_compile.py,
 benchmarks/sass_audit.py)."""
 
 from __future__ import annotations

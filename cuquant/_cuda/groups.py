@@ -1,4 +1,4 @@
-"""The group-wise kernel families of cuda_src/groups.cuh, shared by every group-wise format
+"""The group-wise kernel families of cuda_src/groups/, shared by every group-wise format
 (DeepSpeed's in `groupwise`, the zero point's in `zero_point`): their geometries and name
 expressions, the choice among them under a `KernelPolicy`, and the launch plans of the
 quantizers and dequantizers. A format module names its source, its format policies and its
@@ -22,7 +22,7 @@ from . import launch as _gpu
 from .policy import DEFAULT_POLICY, KernelPolicy
 
 # ---------------------------------------------------------------------------------------
-# Geometry and specializations of the kernels in cuda_src/groups.cuh
+# Geometry and specializations of the kernels in cuda_src/groups/
 
 # (threads per team, units per thread, chunks per team and iteration); 0 units per thread
 # streams a chunk (reads it twice). Fast-path units are 16 bytes of the input.
@@ -68,7 +68,7 @@ def quant_expr(fmt: str, t: FloatType, vec: int, geom) -> str:
     return f"cq::quantize_groups<{fmt}, {t.cxx}, {vec}, {tpg}, {upt}, {gpi}>"
 
 
-# The staged quantizer (cuda_src/staged.cuh): a producer warp keeps `stages` shared-memory
+# The staged quantizer (cuda_src/groups/staged.cuh, ring.cuh): a producer warp keeps `stages` shared-memory
 # buffers of the policy's `stage_bytes` in flight with bulk copies while eight consumer
 # warps quantize. Taken where the policy's `staged` allows (by default on sm_90 and up), on
 # the fast path, for inputs of at least `staged_min_bytes` whose groups fit one stage (the
@@ -139,7 +139,7 @@ def staged_choice(units: int, t: FloatType, hold: int = 0,
     return staged_geometry(units, hold)
 
 
-# The quantizer on tiles held in registers (quantize_groups_tiles in groups.cuh), for
+# The quantizer on tiles held in registers (cuda_src/groups/tiles.cuh), for
 # groups of the policy's `tile_units` 16-byte units (divisors of 32) on the fast path, on
 # every device and ahead of the staged kernel: a warp holds `tile_units_per_lane` units a lane, reduces its
 # groups by shuffles, prepares up to 32 groups at once (a lane each) and encodes from its
@@ -168,7 +168,7 @@ def quant_tile_expr(fmt: str, t: FloatType, geom) -> str:
     return f"cq::quantize_groups_tiles<{fmt}, {t.cxx}, {upg}, {k}>"
 
 
-# The quantizer for small groups off the fast path (quantize_groups_small in groups.cuh):
+# The quantizer for small groups off the fast path (cuda_src/groups/small.cuh):
 # a block takes 256 groups, a thread each, through shared memory, where the general kernel
 # reads a group with a team of threads an element each, whose loads are narrow and whose
 # lanes idle while a group's statistics are reduced; here the block's elements come in
@@ -422,7 +422,7 @@ DQ_UNROLL = 2
 BATCH_ROUNDS = 8  # rounds of DQ_UNROLL units a thread of the batched kernel (groupwise.cu)
 DQ_THREADS = 256
 # Groups of at least WARP_MIN_UNITS 16-byte units of output share their parameters within
-# a warp (dequant_warp_units in groups.cuh: 64 consecutive units a warp span at most 16
+# a warp (dequant_warp_units in groups/dequantize.cuh: 64 consecutive units a warp span at most 16
 # groups), WARP_ROUNDS units a thread.
 WARP_MIN_UNITS = 4
 WARP_ROUNDS = 2

@@ -46,13 +46,18 @@ def source_dir():
 
 @functools.lru_cache(maxsize=None)
 def source(name: str) -> str:
-    """The text of cuda_src/<name> with its quoted includes inlined (each header once)."""
+    """The text of cuda_src/<name> with its quoted includes inlined (each header once, where
+    it is first included). An include names a path under cuda_src/ ("common/codes.cuh"),
+    whichever file includes it, so NVRTC needs no include path."""
     folder = source_dir()
     seen: set[str] = set()
 
     def expand(fname: str) -> str:
+        path = folder
+        for part in fname.split("/"):
+            path = path.joinpath(part)
         out = []
-        for line in folder.joinpath(fname).read_text(encoding="utf-8").splitlines():
+        for line in path.read_text(encoding="utf-8").splitlines():
             m = _INCLUDE.match(line)
             if m:
                 inc = m.group(1)

@@ -23,7 +23,7 @@ from .policy import DEFAULT_POLICY, KernelPolicy
 
 SRC = "symmetric.cu"
 
-# Scale rules (cuda_src/common.cuh, ScaleRule); NO_EPS is the floor of rules without one.
+# Scale rules (cuda_src/common/scale.cuh, ScaleRule); NO_EPS is the floor of rules without one.
 ZERO_IS_ONE, FLOOR_EPS, FLOOR_EPS_POW2, ZERO_IS_ONE_POW2 = 0, 1, 2, 3
 NO_EPS = np.float32(0)
 
@@ -33,10 +33,10 @@ TENSOR_CACHE = 4  # vectors per thread the per-tensor kernel keeps on chip
 # to 4096 vectors, one or two for groups that small; vectors per thread 0 streams a group
 # too long to hold (read twice). A group of more than 128 vectors is held by a team of
 # whole warps, the fewest of TEAM_WARPS that cover it: up to 1024 vectors, fewer than a
-# warp's slots stay empty. Measured on an H200 (benchmarks/NOTES.md): a 7168-element bf16
-# row (896 vectors) 0.96 of copy with 7 warps against 0.90 with 8; 12288 elements 0.93
-# with 12 warps against 0.76 with 16. 14 warps measured 0.01 slower than 16 and is left
-# out. SmoothQuant keeps teams of a power of two warps, measured faster for it.
+# warp's slots stay empty: a team sized to its row leaves no thread idle, where the next
+# power of two would leave up to half of them so (a 7168-element bf16 row is 896 vectors,
+# 7 warps). 14 warps gain nothing over 16 and are left out. SmoothQuant keeps teams of a
+# power of two warps, whose blocks share its tables.
 TEAM_WARPS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 28, 32)
 POW2_WARPS = (2, 4, 8, 16, 32)
 
@@ -126,8 +126,7 @@ def row_groups_expr(t: FloatType, code: CodeType, rule: int, vec: int, geom, smo
 
 def smooth_full(k: int, vec: int, geom) -> bool:
     """Whether rows of k elements fill every vector of every thread of a team of whole
-    warps: smooth_quant_rows then runs without a test a vector (FULL), about 7% faster at
-    16384 x 7168 on an H200."""
+    warps: smooth_quant_rows then runs without a test a vector (FULL)."""
     tpg, vpt = geom
     return tpg >= 32 and k == tpg * vpt * vec
 
@@ -156,7 +155,8 @@ def tiles_expr(t: FloatType, code: CodeType, vec: int, rule: int = ZERO_IS_ONE) 
 PER_TENSOR, PER_ROW, PER_GROUP, PER_TILE = 0, 1, 2, 3
 
 
-# Vectors in flight per dequantizing thread, by mode (measured fastest on an H200).
+# Vectors in flight per dequantizing thread, by mode: two keep enough loads in flight; one
+# where the scale is one value for the whole tensor.
 DEQUANT_UNROLL = {PER_TENSOR: 1, PER_ROW: 2, PER_GROUP: 2, PER_TILE: 2}
 
 

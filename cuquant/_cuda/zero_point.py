@@ -20,11 +20,11 @@ NEAREST, RBITS, PHILOX = 0, 1, 2   # ZpMode in cuda_src/zero_point.cu
 SYMMETRIC = 4   # ZP_SYMMETRIC: a flag over the rounding mode
 
 # Units a dequantizing thread has in flight where each unit loads its own parameters (groups
-# of fewer than groupwise.WARP_MIN_UNITS units, the general path and the spanning kernel):
-# one, measured fastest on an H200 for this format (its two 16-bit parameter loads a unit;
-# 0.84 / 0.91 of copy against 0.77 / 0.81 with four, at G=128 before groups shared their
-# parameters; spanning groups of 20: 0.62-0.73 against 0.57-0.67 with two).
+# of fewer than groups.WARP_MIN_UNITS units, the general path and the spanning kernel): one,
+# since each unit already has two 16-bit parameter loads in flight, and more units a thread
+# cost the registers that keep warps resident.
 DQ_UNROLL = 1
+
 
 def _zp_format(bits: int) -> str:
     return f"cq::ZeroPoint<{bits}>"
@@ -43,23 +43,18 @@ def _zp_seeded_format(bits: int) -> str:
 
 # The staged and tile quantizers by mode: the staged kernels' format, their units a thread
 # in one pass, the group sizes (in 16-byte units) that take the two-pass staged kernel
-# instead, and the tile kernel's format. Measured on an H200 (fp16 16384 x 7168,
-# benchmarks/NOTES.md):
-# - rounding to nearest has kernels of its own: without the stochastic modes' code they
-#   are faster (two passes: 4-bit G=128 0.85 -> 0.865, 8-bit 0.865 -> 0.875, 4-bit G=16
-#   0.79 -> 0.83). So has seeded rounding's tile kernel, which then fits four blocks a
-#   multiprocessor (G=128 4-bit 0.62 -> 0.66, 8-bit 0.70 -> 0.75). Its staged kernels keep
-#   the general format: built for seeded rounding alone, ten of them (8-bit) came out of
-#   ptxas with the uniform-register hazard that benchmarks/sass_audit.py looks for, and
-#   failed the staged GPU tests. The kernels that hold groups in registers (small or
+# instead, and the tile kernel's format (docs/performance.md has the measurements):
+# - rounding to nearest has kernels of its own, without the stochastic modes' code; so has
+#   seeded rounding's tile kernel, which then fits four blocks a multiprocessor. Seeded
+#   rounding's staged kernels keep the general format: built for seeded rounding alone,
+#   some of them came out of ptxas with the uniform-register hazard that
+#   benchmarks/sass_audit.py looks for. The kernels that hold groups in registers (small or
 #   unaligned inputs) serve every mode;
-# - one pass, nearest with 2 units a thread against 4, 0.78 -> 0.82 (4-bit G=128), 0.71 ->
-#   0.80 (4-bit G=64); seeded stochastic rounding loses with 2 (0.457 -> 0.424);
-# - two passes against one gain for nearest from 2 to 32 units (4-bit G=128 0.83 -> 0.85,
-#   8-bit G=32 0.79 -> 0.86, 8-bit G=16 0.60 -> 0.83) and for the caller's words (4-bit
-#   G=32 0.62 -> 0.83); seeded rounding gains at 4 units only (8-bit G=32 0.39 -> 0.61;
-#   G=16 0.58 -> 0.54, G=64 0.64 -> 0.63). Groups of one unit (G=8) keep one pass in every
-#   mode (nearest 0.82 against 0.65, the caller's words 0.92 against 0.73).
+# - in one pass, rounding to nearest holds 2 units a thread (more resident warps for its
+#   light arithmetic), the stochastic modes 4 (their random words need the loads in flight);
+# - two passes serve rounding to nearest and the caller's words from 2 to 32 units, seeded
+#   rounding at 4 units only, where its Philox words are drawn a unit at a time without
+#   waste; groups of one unit keep one pass in every mode.
 _ABOVE_ONE_UNIT = tuple(u for u in TWO_PASS_UNITS if u > 1)
 # Seeded rounding's own tile build takes every Philox counter's high word as 0
 # (cuda_src/zero_point.cu): it serves tensors of at most the policy's

@@ -1,6 +1,6 @@
-"""The tile quantizer (cuda_src/groups.cuh, quantize_groups_tiles: a warp holds a tile of
-16-byte units in registers, reduces its groups by shuffles and prepares them a lane each)
-against the NumPy backend, bit for bit.
+"""The tile quantizer (cuda_src/groups/tiles.cuh, quantize_groups_tiles: a warp holds a
+tile of 16-byte units in registers, reduces its groups by shuffles and prepares them a lane
+each) against the NumPy backend, bit for bit.
 
 The fixture's policy makes sure the kernel is on and each case gets fresh launch plans. Every group-wise and zero-point quantizer variant whose groups are 2 to 32 whole
 units runs on its declared shapes with edge rows (zeros, infinities, subnormals, -0, NaN),

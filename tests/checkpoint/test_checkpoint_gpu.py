@@ -2,7 +2,7 @@
 format (UE8M0 scales, the compressed-tensors schemes, AWQ, and edge values included) and
 restores the same bytes, and PyTorch's own safetensors loader reads the fp8-block output as
 torch.float8_e4m3fn. Run on a CUDA machine:
-`python -m pytest -m gpu tests/test_checkpoint_gpu.py`."""
+`python -m pytest -m gpu tests/checkpoint/test_checkpoint_gpu.py`."""
 
 from __future__ import annotations
 

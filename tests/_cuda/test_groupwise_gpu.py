@@ -3,7 +3,7 @@ zero point with stochastic rounding) against the NumPy backend, bit for bit: man
 group sizes (1 to 131072, odd ones included), bit widths, dtypes, fast and general paths,
 edge values, inputs next to rounding boundaries, one launch for a batch and its speed,
 torch arrays, streams, and tensors above 2**31 elements.
-Run on a CUDA machine: `python -m pytest -m gpu tests/test_groupwise_gpu.py`."""
+Run on a CUDA machine: `python -m pytest -m gpu tests/_cuda/test_groupwise_gpu.py`."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ written by compressed-tensors itself dequantizes to the weights its own decompre
 The CPU cases run in CI (.ci/run installs transformers and compressed-tensors and sets
 CUQUANT_REQUIRE_ENGINES=1, so that a missing package fails instead of skipping); the
 ``cuda`` cases run the command's GPU path: ``python -m pytest -m gpu
-tests/test_checkpoint_engines.py``.
+tests/checkpoint/test_checkpoint_engines.py``.
 """
 
 from __future__ import annotations

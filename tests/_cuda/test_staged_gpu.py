@@ -1,5 +1,6 @@
 """The staged group quantizer (a producer warp fills shared-memory stages with bulk copies,
-consumer warps quantize; cuda_src/staged.cuh) against the NumPy backend, bit for bit.
+consumer warps quantize; cuda_src/groups/staged.cuh and ring.cuh) against the NumPy
+backend, bit for bit.
 
 Every group-wise quantizer runs with each variant whose groups fit a stage, with edge rows
 (zeros, infinities, subnormals, -0, NaN), under the default stages, under 2 KB stages that

@@ -285,7 +285,7 @@ def _every_16_bit_quotient(fmt: str, rng) -> np.ndarray:
     """Rows [amax, x...]: amax every significand of the format in [1, 2), x every
     significand at every exponent gap 0..24 below it (x <= amax), random signs, each row
     scaled by a random power of two: every dividend and divisor the one-correction
-    division meets (tests/test_division.py), through the kernels themselves."""
+    division meets (tests/_cuda/test_division.py), through the kernels themselves."""
     bits = 8 if fmt == "bfloat16" else 11
     sig = 1.0 + np.arange(1 << (bits - 1)) / (1 << (bits - 1))
     rows = []

@@ -1,5 +1,5 @@
 """The symmetric quantizers divide a 16-bit value x by its group's scale b = RN(amax *
-f32(1/qmax)) with one Newton correction instead of two (cuda_src/common.cuh, divide_fast).
+f32(1/qmax)) with one Newton correction instead of two (cuda_src/common/arith.cuh, divide_fast).
 That is exact only for the dividends and divisors those kernels meet; these tests check it
 for every one of them, with exact arithmetic emulated in float64.
 

@@ -1,4 +1,4 @@
-"""Repeated calls on CuPy arrays run a replay of the first call (cuquant/_fast.py).
+"""Repeated calls on CuPy arrays run a replay of the first call (cuquant/_core/replay.py).
 
 Two kinds of test, neither needing a GPU:
 

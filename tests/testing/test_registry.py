@@ -21,6 +21,13 @@ def test_declaration_names_a_public_function(op):
     assert op.name in cuquant.__all__ and callable(op.fn)
 
 
+def test_every_public_op_is_declared():
+    """The converse: an op left out of the table would be neither GPU-tested nor
+    benchmarked."""
+    ops = {name for name in cuquant.__all__ if inspect.isfunction(getattr(cuquant, name))}
+    assert ops == testing.declared_names()
+
+
 @pytest.mark.parametrize("op", [o for o in OPS if o.torch_ref or o.cupy_ref],
                          ids=lambda o: o.name + (f"-{o.notes}" if o.notes else ""))
 def test_baselines_accept_the_benchmark_arguments(op):
