@@ -51,6 +51,7 @@ RULES = {
     "dequantize_fp8_per_tensor": ELEMENTS,
 }
 
+
 def is_dask(a) -> bool:
     """Whether `a` is a dask array (without importing dask)."""
     mod = type(a).__module__ or ""
