@@ -255,7 +255,8 @@ def dequantize_fp8_per_row(q, scale, dtype, *, stream=None, policy=DEFAULT_POLIC
 
 
 @replayable
-def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128, *, stream=None, policy=DEFAULT_POLICY):
+def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128,
+                                   *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize float8_e4m3fn codes with one scale per `group_size` elements of a row.
     Either scale layout of `quantize_fp8_per_token_group` is accepted (any strides).
 
@@ -286,7 +287,8 @@ def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128, *, stream=No
 
 
 @replayable
-def dequantize_fp8_per_block(q, scale, dtype, block_size=BLOCK_SIZE, *, stream=None, policy=DEFAULT_POLICY):
+def dequantize_fp8_per_block(q, scale, dtype, block_size=BLOCK_SIZE,
+                             *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize float8_e4m3fn codes with one scale per 128x128 tile.
 
     Parameters

@@ -91,7 +91,8 @@ def _dequant_checks(op, a, params, bits, symmetric, group_size, dtype, s, q_arg=
     if b == 4 and a.data.ndim == 0:
         raise ValueError(f"{op}: {q_arg} must have at least one axis for bits=4; got shape ()")
     n = a.data.size * (2 if b == 4 else 1)
-    g = v.check_group_size(group_size, op, n, f"the element count of {q_arg}", prefix + "group_size")
+    g = v.check_group_size(group_size, op, n, f"the element count of {q_arg}",
+                           prefix + "group_size")
     p_arg = prefix + "params"
     p = intake(params, op, p_arg, s)
     v.check_float(p, op, p_arg, {"float32": FLOATS["float32"]})
@@ -103,7 +104,8 @@ def _dequant_checks(op, a, params, bits, symmetric, group_size, dtype, s, q_arg=
 
 
 @_fast.replayable
-def dequantize_groupwise(q, params, bits, symmetric, group_size, dtype, *, stream=None, policy=DEFAULT_POLICY):
+def dequantize_groupwise(q, params, bits, symmetric, group_size, dtype,
+                         *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize the codes of `quantize_groupwise`.
 
     Parameters
@@ -172,7 +174,8 @@ def quantize_int4_per_group(w, group_size=128, *, stream=None, policy=DEFAULT_PO
 
 
 @_fast.replayable
-def dequantize_int4_per_group(packed, params, dtype, group_size=128, *, stream=None, policy=DEFAULT_POLICY):
+def dequantize_int4_per_group(packed, params, dtype, group_size=128,
+                              *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize `quantize_int4_per_group`: ``dtype(f32(f32(q) * p0) + p1)``.
 
     Parameters
@@ -278,7 +281,7 @@ def dequantize_groupwise_batched(items, dtype, *, stream=None, policy=DEFAULT_PO
 
 
 def _batch_key(items, dtype, policy=DEFAULT_POLICY):
-    """(key, addresses) of a batch that can be replayed (see _fast): a list or tuple of
+    """(key, addresses) of a batch that can be replayed (cuquant._core.replay): a list or tuple of
     (q, params, bits, symmetric, group_size) tuples of C-contiguous CuPy arrays on one
     device, with int bits and group size and a bool symmetry; None for any other batch. The
     key holds each item's shapes, dtypes, alignments and values, and the dtype argument."""

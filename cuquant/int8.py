@@ -230,7 +230,8 @@ def dequantize_int8_per_channel(q, scale, dtype, *, stream=None, policy=DEFAULT_
 
 
 @replayable
-def dequantize_int8_per_block(q, scale, dtype, block_size=128, *, stream=None, policy=DEFAULT_POLICY):
+def dequantize_int8_per_block(q, scale, dtype, block_size=128,
+                              *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize int8 codes with one scale per `block_size` elements of a row:
     ``x[m, k] = dtype(f32(q[m, k]) * scale[m, k // block_size])``.
 

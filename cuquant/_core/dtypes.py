@@ -37,7 +37,8 @@ class CodeType:
 
     @functools.cached_property
     def inv_qmax(self) -> np.float32:
-        """f32(1/qmax), the constant scales are multiplied by (docs/formats.md section 1, C(1/n))."""
+        """f32(1/qmax), the constant scales are multiplied by (docs/formats.md section 1,
+        C(1/n))."""
         return np.float32(1.0) / np.float32(self.qmax)
 
     @functools.cached_property

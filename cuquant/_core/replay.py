@@ -26,7 +26,7 @@ import numpy as np
 
 from .dask import call as dask_call, is_dask
 
-PLAN_LIMIT = 4096  # replays kept; past that the table starts over (as _gpu's plan tables)
+PLAN_LIMIT = 4096  # replays kept; past that the table starts over (as the launch plan tables)
 
 _table: dict = {}  # key -> replay
 _tls = threading.local()

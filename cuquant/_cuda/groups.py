@@ -68,15 +68,16 @@ def quant_expr(fmt: str, t: FloatType, vec: int, geom) -> str:
     return f"cq::quantize_groups<{fmt}, {t.cxx}, {vec}, {tpg}, {upt}, {gpi}>"
 
 
-# The staged quantizer (cuda_src/groups/staged.cuh, ring.cuh): a producer warp keeps `stages` shared-memory
-# buffers of the policy's `stage_bytes` in flight with bulk copies while eight consumer
-# warps quantize. Taken where the policy's `staged` allows (by default on sm_90 and up), on
-# the fast path, for inputs of at least `staged_min_bytes` whose groups fit one stage (the
-# reasons for the sizes are at KernelPolicy). Each thread holds `hold` units of a group (a
-# format's own choice, as the zero-point format makes, or else the policy's). Groups of a
-# size in `two_pass_units` (every divisor of 32 by default; the zero-point format picks its
-# own by rounding) take the kernel that reduces a warp's groups first and writes their
-# codes in a second pass over the stage, when the policy's `staged_two_pass` is on.
+# The staged quantizer (cuda_src/groups/staged.cuh, ring.cuh): a producer warp keeps
+# `stages` shared-memory buffers of the policy's `stage_bytes` in flight with bulk copies
+# while eight consumer warps quantize. Taken where the policy's `staged` allows (by default
+# on sm_90 and up), on the fast path, for inputs of at least `staged_min_bytes` whose
+# groups fit one stage (the reasons for the sizes are at KernelPolicy). Each thread holds
+# `hold` units of a group (a format's own choice, as the zero-point format makes, or else
+# the policy's). Groups of a size in `two_pass_units` (every divisor of 32 by default; the
+# zero-point format picks its own by rounding) take the kernel that reduces a warp's groups
+# first and writes their codes in a second pass over the stage, when the policy's
+# `staged_two_pass` is on.
 STAGED_THREADS = 288
 STAGED_MAX_UNITS = 2048  # 256 threads x 8 units
 
@@ -139,17 +140,17 @@ def staged_choice(units: int, t: FloatType, hold: int = 0,
     return staged_geometry(units, hold)
 
 
-# The quantizer on tiles held in registers (cuda_src/groups/tiles.cuh), for
-# groups of the policy's `tile_units` 16-byte units (divisors of 32) on the fast path, on
-# every device and ahead of the staged kernel: a warp holds `tile_units_per_lane` units a lane, reduces its
-# groups by shuffles, prepares up to 32 groups at once (a lane each) and encodes from its
-# registers, without the staged kernels' shared-memory ring: no producer warp, no barrier
-# between a stage's arrival and its consumers, and a group's reduction in shuffles. 8 units
-# a lane keep enough bytes in flight a warp; 16 would spill seeded rounding's registers.
-# The grid: persistent for DeepSpeed's format (a warp takes many tiles, the next one
-# loaded while it encodes the last, which hides the load behind the arithmetic); one tile
-# a warp for the zero point, whose three outputs keep a warp's registers too busy for a
-# second tile, so that more resident warps cover each other's waits instead
+# The quantizer on tiles held in registers (cuda_src/groups/tiles.cuh), for groups of the
+# policy's `tile_units` 16-byte units (divisors of 32) on the fast path, on every device
+# and ahead of the staged kernel: a warp holds `tile_units_per_lane` units a lane, reduces
+# its groups by shuffles, prepares up to 32 groups at once (a lane each) and encodes from
+# its registers, without the staged kernels' shared-memory ring: no producer warp, no
+# barrier between a stage's arrival and its consumers, and a group's reduction in shuffles.
+# 8 units a lane keep enough bytes in flight a warp; 16 would spill seeded rounding's
+# registers. The grid: persistent for DeepSpeed's format (a warp takes many tiles, the next
+# one loaded while it encodes the last, which hides the load behind the arithmetic); one
+# tile a warp for the zero point, whose three outputs keep a warp's registers too busy for
+# a second tile, so that more resident warps cover each other's waits instead
 # (`persistent_tiles` of quantize_plan). The policy's `tile_max_blocks` caps the grid.
 TILE_THREADS = 256
 TILE_MAX_GROUPS = 64  # a tile's groups, as many as the kernel's shared-memory tables hold

@@ -203,8 +203,8 @@ def _code_dtype(code: CodeType) -> np.dtype:
 class Plan:
     """Everything a launch needs besides the arrays' addresses: the kernel, the grid, the
     outputs' layout and the remaining arguments. grid 0: nothing to launch. Its methods do
-    one call of each kind from the stream and the input addresses; `_fast` keeps them as
-    the replays of repeated calls."""
+    one call of each kind from the stream and the input addresses; the replay cache keeps
+    them as the replays of repeated calls."""
 
     __slots__ = ("launch", "grid", "threads", "outputs", "args", "column_rows", "ws")
 

@@ -1,5 +1,6 @@
-"""NumPy twins of the FP8 e4m3 family (docs/formats.md section 4): same names, signatures and bits as
-the GPU kernels. Codes come out as ml_dtypes.float8_e4m3fn; inputs are checked upstream."""
+"""NumPy twins of the FP8 e4m3 family (docs/formats.md section 4): same names, signatures and
+bits as the GPU kernels. Codes come out as ml_dtypes.float8_e4m3fn; inputs are checked
+upstream."""
 
 from __future__ import annotations
 

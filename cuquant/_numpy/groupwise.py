@@ -1,5 +1,5 @@
-"""NumPy twins of the group-wise integer family in DeepSpeed's format (docs/formats.md section 5):
-same names, signatures and bits as the GPU kernels. Inputs are valid NumPy arrays (the
+"""NumPy twins of the group-wise integer family in DeepSpeed's format (docs/formats.md section
+5): same names, signatures and bits as the GPU kernels. Inputs are valid NumPy arrays (the
 public functions check them).
 
 Groups are runs of `group_size` consecutive elements of the C-order flattened tensor. The

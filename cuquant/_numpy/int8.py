@@ -1,5 +1,5 @@
-"""NumPy twins of the INT8 family (docs/formats.md section 3): same names, signatures and bits as the
-GPU kernels. Inputs are valid NumPy arrays (the public functions check them)."""
+"""NumPy twins of the INT8 family (docs/formats.md section 3): same names, signatures and bits
+as the GPU kernels. Inputs are valid NumPy arrays (the public functions check them)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""NumPy twins of group-wise quantization with a zero point (docs/formats.md section 6), and the
-counter-based generator that `seed=` uses, vectorized: same bits as the GPU kernels."""
+"""NumPy twins of group-wise quantization with a zero point (docs/formats.md section 6), and
+the counter-based generator that `seed=` uses, vectorized: same bits as the GPU kernels."""
 
 from __future__ import annotations
 
