@@ -56,8 +56,8 @@ __device__ __forceinline__ Words4 philox_block(u64 c, u32 seed_lo, u32 seed_hi) 
 // ulp of 2**24) rounds. The reconstruction is one fma: q - z = r - M for the rounded r (M
 // the trick's constant), and M * s is exact for a 16-bit s, so fma(r, s, -M * s) rounds
 // (q - z) * s once.
-// ONLY builds the format for one mode alone, without the other modes' code: smaller, and
-// faster on an H200 (benchmarks/NOTES.md). ZP_NEAREST serves rounding to nearest's staged
+// ONLY builds the format for one mode alone, without the other modes' code: smaller, with
+// fewer registers and branches a unit. ZP_NEAREST serves rounding to nearest's staged
 // and tile kernels, ZP_PHILOX seeded rounding's tile kernel, which then fits 64 registers
 // a thread (four blocks a multiprocessor, against two for the others). ZP_PHILOX also takes
 // the high word of every Philox counter as 0, so it serves tensors of at most 2**34
@@ -244,8 +244,8 @@ template <int B, typename TS>
 struct ZeroPointCodes {
     static constexpr int BITS = B;
     static constexpr bool SIGNED = false, LOW_FIRST = true;
-    // 4-bit codes prefetched a wave on (groups.cuh): 0.918 -> 0.928 of copy on an H200 (fp16,
-    // G=128); 8-bit codes lost with it (benchmarks/NOTES.md, twenty-fourth and -fifth rounds).
+    // 4-bit codes prefetched a wave on (groups/dequantize.cuh), which measured faster; 8-bit
+    // codes measured slower with it.
     static constexpr bool L2_PREFETCH = B == 4;
     struct Params { float s, z; };
     __device__ static __forceinline__ Params load(i64 g, const void* p0, const void* p1) {

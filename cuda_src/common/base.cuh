@@ -33,8 +33,8 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ bool is_nan(float v) { return (f2u(v) & 0x7fffffffu) > 0x7f800000u; }
 
 // The magnitude bits of m with the sign bit of s: (m & 0x7fffffff) | (s & 0x80000000) in one
-// instruction (the compiler makes two of it; one fewer an element took the FP8 row
-// quantizer from 0.69 to 0.79 of copy on an H200, benchmarks/NOTES.md).
+// instruction (the compiler makes two of it, and the FP8 quantizers are bound by their
+// instructions an element).
 __device__ __forceinline__ u32 copy_sign_bits(u32 m, u32 s) {
     u32 r;
     asm("lop3.b32 %0, %1, 0x7fffffff, %2, 0xE2;" : "=r"(r) : "r"(m), "r"(s));

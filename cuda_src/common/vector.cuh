@@ -23,9 +23,9 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
 }
 
 // A vector read once, not kept in L1 (ld.global.nc.L1::no_allocate), so that what is read
-// again there stays. Measured on an H200 (benchmarks/NOTES.md): the INT8 dequantizers'
-// code loads gain 0.86 -> 0.93 of copy with it (their per-row and per-block scales stay in
-// L1); the FP8 ones lose (0.93 -> 0.83), so only the INT8 path uses it.
+// again there stays: the INT8 dequantizers' code loads take it, so that their per-row and
+// per-block scales stay in L1. The FP8 ones measured slower with it (docs/performance.md),
+// so only the INT8 path uses it.
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_stream(const T* p) {
     constexpr int BYTES = (int)sizeof(T) * N;

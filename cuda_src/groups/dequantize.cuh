@@ -51,9 +51,9 @@ __device__ __forceinline__ void dequant_units(const u8* __restrict__ q, const vo
 
 constexpr int DQ_THREADS = 256;
 // The warp-shared dequantizers run eight blocks a multiprocessor (32 registers a thread),
-// so that a wave of an H200 is 132 x 64 warps: the warp whose codes a warp prefetches runs
-// a wave later. Held to 32 registers, the prefetching kernels (40 without the bound) measured
-// 0.918 -> 0.928 of copy for the zero point's 4 bits (benchmarks/NOTES.md, twenty-fifth round).
+// so that a wave of a 132-multiprocessor GPU is 132 x 64 warps: the warp whose codes a warp
+// prefetches runs a wave later. The prefetching kernels are held to 32 registers (40
+// without the bound), which keeps the eight blocks resident.
 constexpr int DQ_WARP_BLOCKS = 8;
 constexpr i64 DQ_L2_AHEAD = 132 * DQ_WARP_BLOCKS * (DQ_THREADS / 32);
 
@@ -61,9 +61,7 @@ constexpr i64 DQ_L2_AHEAD = 132 * DQ_WARP_BLOCKS * (DQ_THREADS / 32);
 // (round k: unit base + 32 k + lane), whose groups are at most 16 when a group holds at
 // least 4 units (the host's condition). Lane j of the first half loads the first parameter
 // of the warp's group j, lane j of the second half its second, and shuffles hand them to
-// the units: one load for the warp's groups where each unit's lane loaded its own. On an
-// H200 (fp16, 16384 x 7168, G=128) the zero point's 4-bit dequantizer went from 0.87 to
-// 0.92 of copy and DeepSpeed's from 0.92 to 0.925-0.929 (benchmarks/NOTES.md).
+// the units: one load for the warp's groups where each unit's lane loaded its own.
 template <class D, typename Tout, int VEC>
 __device__ __forceinline__ void dequant_warp_units(const u8* __restrict__ q, const void* __restrict__ p0,
                                                    const void* __restrict__ p1, Tout* __restrict__ out,
@@ -101,8 +99,8 @@ __device__ __forceinline__ void dequant_warp_units(const u8* __restrict__ q, con
 }
 
 // n_units units of VEC elements; div divides by the units of a group (fast path) or by G.
-// A thread's UNROLL units are a grid apart (measured faster on an H200 than a block
-// taking a contiguous chunk; the best UNROLL depends on the format, see the host side).
+// A thread's UNROLL units are a grid apart (measured faster than a block taking a
+// contiguous chunk; the best UNROLL depends on the format, see the host side).
 // WARP_PARAMS: dequant_warp_units instead (the fast path, groups of 4 units or more).
 template <class D, typename Tout, int VEC, int UNROLL, bool WARP_PARAMS>
 __global__ void __launch_bounds__(DQ_THREADS, WARP_PARAMS ? DQ_WARP_BLOCKS : 1)
@@ -122,9 +120,8 @@ dequantize_groups(const u8* __restrict__ q, const void* __restrict__ p0, const v
 // Groups that are not whole 16-byte units of output (G % VEC != 0), with the codes and
 // parameters aligned: the units stay 16 bytes of output, with one load of their codes, and
 // each element takes its own group's parameters. NP = 2 where a unit spans two groups at
-// most (G >= VEC), NP = VEC where it may span one group an element (G < VEC). The general
-// path (a byte of codes a unit, a thread each) measured 0.33-0.57 of copy on an H200 at
-// G = 6, 20 and 63 (benchmarks/NOTES.md, twenty-second round). The last n % VEC elements
+// most (G >= VEC), NP = VEC where it may span one group an element (G < VEC), where the
+// general path would move a byte of codes a thread. The last n % VEC elements
 // are the general path's units, taken by the grid's first thread.
 template <class D, typename Tout, int VEC, int NP, int UNROLL>
 __global__ void __launch_bounds__(DQ_THREADS)

@@ -78,8 +78,7 @@ __device__ __forceinline__ bool any_careful(const P (&prm)[NSUB]) {
 // call it. Its answer, the same in every lane, is what the quantizers branch on: a branch
 // that split a warp, with an out-of-line call on one side, would let the call overwrite
 // uniform registers (one a warp) that the other side's lanes still read, and compilers
-// have built such code (benchmarks/NOTES.md, eleventh and twenty-first rounds;
-// benchmarks/sass_audit.py). The careful arithmetic gives every group its bits, so the
+// have built such code (benchmarks/sass_audit.py finds it). The careful arithmetic gives every group its bits, so the
 // other units of such a warp take it too.
 __device__ __forceinline__ bool warp_careful(bool mine) { return __any_sync(0xffffffffu, mine); }
 

@@ -11,17 +11,16 @@ namespace cq {
 // codes a byte each into shared memory (and its reconstruction over its input); then the
 // block writes the codes out, packed, as whole words of q but at its ends, and the
 // reconstructions. The general kernel (quantize_groups with one byte of codes a unit)
-// reads each group with a team of threads, an element a thread: 0.07-0.20 of copy on an
-// H200 where this one measured 0.39-0.65 (benchmarks/NOTES.md, twenty-first round).
+// reads each group with a team of threads, an element a thread, with narrow loads and
+// lanes idle while a group's statistics are reduced.
 //
 // Shared memory (the host's small_smem_bytes): the words of a chunk's elements, one more
 // for the chunk's start within its first word, then a byte a code, moved by up to 6 bytes.
 constexpr int SMALL_THREADS = 256;
 
 // With random words, the elements from a multiple of four on go four at a time, so that
-// seeded rounding makes one block of four words for four elements, not one for each (G=20
-// on an H200: 0.24 -> 0.44 of copy). Without, one loop: the three cost DeepSpeed's
-// symmetric G=63 0.43 -> 0.37 (benchmarks/NOTES.md, twenty-second round).
+// seeded rounding makes one block of four words for four elements, not one for each.
+// Without random words, one loop: the three measured slower for the other formats.
 template <class F, typename T, bool CAREFUL, bool ALT>
 __device__ __forceinline__ void encode_small_group(T* gx, u8* gc, const typename F::Params& p, i64 e,
                                                    int G, const QuantArgs& a, const u32* rbits) {

@@ -77,9 +77,8 @@ quantize_groups_staged(const T* __restrict__ x, u8* __restrict__ q, void* __rest
         // of its group. Teams whose groups lie a multiple of 128 bytes apart would read the
         // same banks in one shared-memory phase (eight lanes, 16 bytes each): four ways at
         // 4 and 8 units, two at 2 and 16. The rotation gives the eight lanes of a phase
-        // eight different 16-byte slots. On an H200 it gained 0.01-0.02 of copy at 4 and 8
-        // units (8-bit G=32, 64) and was level to 0.008 slower at 16, so groups of more than
-        // 8 units keep the plain order.
+        // eight different 16-byte slots. At 16 units, where the conflicts are two ways, the
+        // rotation measured no faster, so groups of more than 8 units keep the plain order.
         constexpr int TPP = TEAM >= 8 ? 1 : 8 / TEAM;   // teams in a phase
         const int rot = UNITS > 8 ? 0 : UNITS == 8 ? TEAM * (team % TPP) : (team % TPP) * UNITS / 8;
         run_staged(chunks, stages, stage_bytes, 0u, produce, [&](i64 c, u8* stage) {

@@ -11,14 +11,14 @@ namespace cq {
 // lane holds whole groups' statistics and prepares them: the format's prepare runs once
 // for up to 32 groups, not once for each. The units take their group's Params from shared
 // memory and are encoded from the registers. The data never passes through shared memory:
-// the staged kernels' ring alone held the zero point's quantizer to 0.90 of copy on an
-// H200 (benchmarks/NOTES.md).
+// the staged kernels' ring, with its barriers between a stage's arrival and its consumers,
+// costs the zero point's quantizer more than it hides.
 //
 // A warp takes tiles a grid apart. The host sizes the grid to the device (DeepSpeed's
 // format: each warp then takes many tiles, and with F::PREFETCH loads its next tile before
-// it encodes this one: 8 more registers of 16 bytes, 0.95 -> 0.96 of copy on an H200) or
-// to the tiles (the zero point: a warp a tile, which with three outputs to write measured
-// 0.90 -> 0.955 there; benchmarks/NOTES.md).
+// it encodes this one, for 8 more registers of 16 bytes) or to the tiles (the zero point:
+// a warp a tile, since its three outputs keep a warp's registers too busy for a second
+// tile, and more resident warps cover each other's waits instead).
 //
 // The host launches it for at least one tile of units. The last tile, where the units do
 // not fill it, is moved back to end with them: it overlaps the tile before, whose groups

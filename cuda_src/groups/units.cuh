@@ -29,7 +29,7 @@ __device__ __forceinline__ Vec<T, VEC> load_unit(const T* p) {
 // WHOLE writes a 16-byte unit with the store intrinsic, one instruction whatever the
 // compiler makes of the code around it: in the two-pass quantizer a plain store of the zero
 // point's reconstruction came out as six 16-bit and two 32-bit stores for each lane's first
-// unit (0.81 -> 0.85 of copy once whole, benchmarks/NOTES.md).
+// unit.
 template <typename T, int VEC, bool WHOLE = false>
 __device__ __forceinline__ void store_unit(T* p, const Vec<T, VEC>& v) {
     if constexpr (VEC * sizeof(T) == 16 && WHOLE) {

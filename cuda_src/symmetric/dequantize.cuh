@@ -12,8 +12,8 @@ namespace cq {
 // rounded once to float32.
 enum ScaleMode { PER_TENSOR = 0, PER_ROW = 1, PER_GROUP = 2, PER_TILE = 3 };
 
-// UNROLL vectors are in flight per thread, a grid apart. Measured on an H200
-// (benchmarks/NOTES.md): 2 beats 4 and 8 for every mode, 1 is best for one scale.
+// UNROLL vectors are in flight per thread, a grid apart: 2 keep enough loads in flight
+// without the registers of 4 or 8; 1 where one scale serves the whole tensor.
 template <typename Code, typename Tout, int VEC, int MODE, int UNROLL>
 __global__ void __launch_bounds__(256)
 dequantize_scaled(const typename Code::T* __restrict__ q, const float* __restrict__ scale,

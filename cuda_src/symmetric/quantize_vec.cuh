@@ -128,10 +128,10 @@ __device__ __forceinline__ void store_held_codes(typename Code::T* qg, const Vec
 // (a row of 7168 bf16 takes 7 warps of four vectors) is a block of its own, so no warp
 // idles through a pass. As many blocks as fit at 56 registers a thread (80 for
 // SmoothQuant's float32 values): 4 of 256 threads (64 registers), 5 of 224, 7 of 160.
-// Measured on an H200 (benchmarks/NOTES.md): a 7168-element row 0.90 of copy with 256
-// threads x 4 blocks, 0.96 with 224 x 5. At 48 registers the kernels spill and lose, and
-// keeping more blocks resident beats prefetching the next group into registers, shared
-// memory or L2.
+// A team sized to its row leaves no warp idle (a 7168-element row: 224 threads x 5 blocks,
+// where 256 x 4 would idle a warp in eight). At 48 registers the kernels spill, and keeping
+// more blocks resident beats prefetching the next group into registers, shared memory or
+// L2.
 template <int TPG, int VPT, bool SMOOTH> struct RowGroupShape {
     enum {
         threads = TPG >= 256 || 256 % TPG != 0 ? TPG : 256,

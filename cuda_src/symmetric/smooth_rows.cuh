@@ -14,7 +14,7 @@ namespace cq {
 // multiply and one Newton correction (two for float32 x), without the reciprocal, range
 // check and branch of a div.rn (divide_by_reciprocal: exact while |x| >= 2**-100 and
 // 2**-125 <= |xs| <= 2**100). Read from L1 instead, smooth missed there often enough to
-// cost a quarter of the speed (benchmarks/NOTES.md).
+// cost much of the speed.
 // With smooth in range, every quotient of magnitude >= 2**-68 meets that, and every smaller
 // one comes out below 2**-67. So a row is exact as computed when its amax lies in
 // [2**-20, 2**99]: the amax is then an exact quotient and an inexact one is below 2**-40 of
@@ -147,11 +147,9 @@ __device__ __noinline__ void smooth_tables(const float* __restrict__ smooth, flo
 // Threads of a smooth_quant_rows block and the blocks a multiprocessor the compiler must
 // fit. Teams share a block, and with it the tables. Teams of 5-7 vectors a thread hold up
 // to 56 float32 quotients and get 128 registers, so a multiprocessor holds 512 threads:
-// one block where the teams are whole warps (two blocks of 256 built the tables twice; on
-// an H200, bf16 16384 x 7168 went from 0.918 to 0.927 of copy as one), two of 256 for
-// teams of 32 (0.013 lower as one at 32768 x 1792). Four vectors fit 80 registers, three
-// blocks of 256 (one of 768 lost 0.07 at 4096 x 7168; benchmarks/NOTES.md, twenty-sixth
-// round).
+// one block where the teams are whole warps (two blocks of 256 would build the tables
+// twice), two of 256 for teams of 32, which measured faster than one. Four vectors fit 80
+// registers, three blocks of 256, also measured faster than one of 768.
 template <int TPG, int VPT> struct SmoothShape {
     enum {
         threads = TPG >= 512 ? TPG : TPG == 256 || (VPT > 4 && TPG > 32) ? 512 : 256,
@@ -172,10 +170,9 @@ template <int TPG, int VPT> struct SmoothShape {
 // multiprocessor) takes fewer. The team's leader takes a row from the counter as the row
 // before is copied and hands it out at the row's barrier; the last team to finish (ws[1]
 // counts them) zeroes both words. ws is the caller's zeroed workspace for this stream.
-// On an H200 (bf16 16384 x 7168, two blocks of 256) that took 0.890 to 0.918 of copy, and
-// rows that divide again (NaN, inf, tiny, huge) no longer hold their team back (0.849 ->
-// 0.920); with 4 vectors a thread, or rows not full, it lost 0.01-0.10 (benchmarks/NOTES.md,
-// twenty-fifth and twenty-sixth rounds).
+// Rows that divide again (NaN, inf, tiny, huge) then no longer hold their team back. With
+// 4 vectors a thread, or rows not full, the counter measured slower, so those keep the
+// fixed order.
 template <typename Tin, int VEC, int TPG, int VPT, bool FULL>
 __global__ void __launch_bounds__(SmoothShape<TPG, VPT>::threads, SmoothShape<TPG, VPT>::min_blocks)
 smooth_quant_rows(const Tin* __restrict__ x, i8* __restrict__ q, float* __restrict__ scale,
