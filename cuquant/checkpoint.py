@@ -1480,7 +1480,9 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
     packed = fmt == "pack-quantized"
     scale = _need(ck, base + "weight_scale", HALF_SCALES if packed else tuple(FLOAT_DTYPES),
                   "the weight's scale")
-    out_dt = dtype or FLOAT_DTYPES[scale.dtype]
+    def out_dt(codes_name):
+        return dtype or _source_dtype(ck, codes_name) or FLOAT_DTYPES[scale.dtype]
+
     if packed:
         if typ != "int" or bits not in (4, 8):
             raise CheckpointError(f"config.json: {where}: pack-quantized {typ} weights of "
@@ -1488,7 +1490,7 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
         if not sym and bits != 4:
             raise CheckpointError(f"config.json: {where}: asymmetric {bits}-bit packs are not "
                                   "read (4-bit ones are)")
-        packed = _need(ck, base + "weight_packed", ("I32",), "packed codes")
+        words = _need(ck, base + "weight_packed", ("I32",), "packed codes")
         shp = _need(ck, base + "weight_shape", ("I64", "I32"), "the weight's shape")
         if tuple(shp.shape) != (2,):
             raise _bad(shp.name, f"shape {list(shp.shape)}, expected [2]")
@@ -1496,7 +1498,7 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
         if n <= 0 or k <= 0 or (k * bits) % 32:
             raise _bad(shp.name, f"weight shape [{n}, {k}]: K * {bits} bits must fill whole "
                                  "int32 words")
-        _shape_is(packed, (n, k * bits // 32), f"[N, K*{bits}/32] for weight_shape [{n}, {k}]")
+        _shape_is(words, (n, k * bits // 32), f"[N, K*{bits}/32] for weight_shape [{n}, {k}]")
         if strategy == "group":
             g = w.get("group_size")
             if not isinstance(g, int) or g <= 0 or k % g:
@@ -1508,12 +1510,13 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
             raise CheckpointError(f"config.json: {where}: pack-quantized strategy {strategy!r} "
                                   "is not read (group or channel)")
         _shape_is(scale, (n, k // g), f"[N, K/{g}]")
-        tensors = {"packed": packed.name, "scale": scale.name, "shape": shp.name}
+        tensors = {"packed": words.name, "scale": scale.name, "shape": shp.name}
         if not sym:
             zp = _need(ck, base + "weight_zero_point", ("I32",), "the packed zero points")
             _shape_is(zp, (-(-n * bits // 32), k // g), f"[ceil(N*{bits}/32), K/{g}]")
             tensors["zero"] = zp.name
-        return _Module(base, "packed", tensors, n, k, g, bits, bool(sym), strategy, out_dt)
+        return _Module(base, "packed", tensors, n, k, g, bits, bool(sym), strategy,
+                       out_dt(words.name))
     codes = _need(ck, base + "weight", ("I8",) if typ == "int" else ("F8_E4M3",),
                   f"{fmt} codes")
     if len(codes.shape) != 2:
@@ -1540,7 +1543,7 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
         raise CheckpointError(f"config.json: {where}: {kind} strategy {strategy!r} "
                               f"(block_structure {w.get('block_structure')}) is not read")
     return _Module(base, kind, {"codes": codes.name, "scale": scale.name}, n, k, g, 8, True,
-                   strategy, out_dt)
+                   strategy, out_dt(codes.name))
 
 
 HALF_SCALES = ("F16", "BF16")
