@@ -46,6 +46,7 @@ from ._engine_formats import (
     bytes_of_words,
     ct_quantization_config,
     nibbles,
+    pack_nibbles,
     pack_rows_4bit,
     unpack_rows_4bit,
     words_of_bytes,
@@ -1068,7 +1069,8 @@ def _unfit_warnings(items: list[_Item], fmt, group: int) -> list[str]:
         r = it.record
         if r.action != "kept" or len(r.shape) != 2 or r.dtype not in FLOAT_DTYPES:
             continue
-        if not r.name.endswith("weight") or r.reason.startswith(("matches", "empty")):
+        if not (r.name == "weight" or r.name.endswith(".weight")) or r.reason.startswith(
+                ("matches", "empty", "not a")):
             continue
         by_reason.setdefault(r.reason, []).append(r.name)
     out = []
@@ -1623,7 +1625,8 @@ def _module_format(ck: Checkpoint, m: _Module) -> str:
         name = f"W{m.bits}A16" + ("" if m.symmetric else "_ASYM")
         return name if m.strategy == "group" and m.group == 128 else f"{name} ({m.strategy}" + \
             (f" {m.group})" if m.strategy == "group" else ")")
-    return {"int8": "int8", "fp8": "fp8"}[m.kind] + f" ({m.strategy})"
+    what = {"channel": "per channel", "tensor": "per tensor", "block": "128x128 blocks"}
+    return f"{m.kind} {what[m.strategy]}"
 
 
 def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progress,
@@ -1642,7 +1645,7 @@ def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress
     if m.kind == "awq":
         # Stored transposed: restored whole, then written in bands of rows.
         u = awq_unpack(xp, backend.to_device(read("qweight")))             # [K, N]
-        q = pack_nibbles_rows(xp, xp.ascontiguousarray(u.T))                # [N, K/2]
+        q = pack_nibbles(xp, xp.ascontiguousarray(u.T))                     # [N, K/2]
         del u
         sc = np.ascontiguousarray(read("scales").T)                         # [N, K/G]
         z = np.ascontiguousarray(awq_unpack(np, read("qzeros")).T).astype(np.float16)
@@ -1692,13 +1695,6 @@ def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress
     it.record.bytes_out = it.out_bytes
     it.record.outputs = [out_name]
     progress.advance(0, out_name, finished=True)
-
-
-def pack_nibbles_rows(xp, u):
-    """uint8 [R, 2C] in [0, 15] -> uint8 [R, C], the first of a pair in the low nibble."""
-    from ._engine_formats import pack_nibbles
-
-    return pack_nibbles(xp, u)
 
 
 def _source_dtype(ck: Checkpoint, name: str) -> str | None:
