@@ -1715,8 +1715,11 @@ def _source_dtype(ck: Checkpoint, name: str) -> str | None:
 def _refuse_engine_tensors(ck: Checkpoint) -> None:
     """compressed-tensors' or AWQ's tensors without the config that says how to read them
     would be copied as if they were weights."""
-    for name in ck.tensors:
-        if name.endswith(("weight_packed", "qweight")):
+    for name, info in ck.tensors.items():
+        scale = ck.tensors.get(name + "_scale")
+        ct_codes = (info.dtype in ("I8", "F8_E4M3") and scale is not None
+                    and (scale.dtype != "F32" or len(scale.shape) != 1))
+        if name.endswith(("weight_packed", "qweight")) or ct_codes:
             raise CheckpointError(
                 f"tensor {name!r} holds packed codes (compressed-tensors or AWQ), but there is "
                 "no quantization_config of that method in config.json to read them by; "

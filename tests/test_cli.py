@@ -408,13 +408,17 @@ def test_dequantize_refuses_bad_input(model, tmp_path, capsys, fmt, tensors, con
     assert main(["inspect", str(q)]) == 1
 
 
-def test_packed_codes_without_their_config_are_refused(model, tmp_path, capsys):
+@pytest.mark.parametrize("fmt,codes", [("W4A16", "weight_packed"), ("W8A8", "weight"),
+                                       ("FP8_DYNAMIC", "weight"), ("AWQ", "qweight")])
+def test_codes_without_their_config_are_refused(model, tmp_path, capsys, fmt, codes):
     q = tmp_path / "q"
-    assert main(["quantize", str(model), str(q), "-f", "W4A16", "--device", "cpu", "-q"]) == 0
+    assert main(["quantize", str(model), str(q), "-f", fmt, "--device", "cpu", "-q"]) == 0
     (q / "config.json").unlink()
+    capsys.readouterr()
     assert main(["dequantize", str(q), str(tmp_path / "back"), "--device", "cpu"]) == 1
     err = capsys.readouterr().err
-    assert "weight_packed" in err and "no quantization_config" in err
+    assert len(err.strip().splitlines()) == 1
+    assert f".{codes}'" in err and "no quantization_config" in err
     assert not (tmp_path / "back").exists()
 
 
