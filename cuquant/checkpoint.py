@@ -46,6 +46,7 @@ from ._engine_formats import (
     bytes_of_words,
     ct_quantization_config,
     nibbles,
+    pack_nibbles,
     pack_rows_4bit,
     unpack_rows_4bit,
     words_of_bytes,
@@ -1032,7 +1033,8 @@ def _unfit_warnings(items: list[_Item], fmt, group: int) -> list[str]:
         r = it.record
         if r.action != "kept" or len(r.shape) != 2 or r.dtype not in FLOAT_DTYPES:
             continue
-        if not r.name.endswith("weight") or r.reason.startswith(("matches", "empty")):
+        if not (r.name == "weight" or r.name.endswith(".weight")) or r.reason.startswith(
+                ("matches", "empty", "not a")):
             continue
         by_reason.setdefault(r.reason, []).append(r.name)
     out = []
@@ -1444,7 +1446,9 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
     packed = fmt == "pack-quantized"
     scale = _need(ck, base + "weight_scale", HALF_SCALES if packed else tuple(FLOAT_DTYPES),
                   "the weight's scale")
-    out_dt = dtype or FLOAT_DTYPES[scale.dtype]
+    def out_dt(codes_name):
+        return dtype or _source_dtype(ck, codes_name) or FLOAT_DTYPES[scale.dtype]
+
     if packed:
         if typ != "int" or bits not in (4, 8):
             raise CheckpointError(f"config.json: {where}: pack-quantized {typ} weights of "
@@ -1452,7 +1456,7 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
         if not sym and bits != 4:
             raise CheckpointError(f"config.json: {where}: asymmetric {bits}-bit packs are not "
                                   "read (4-bit ones are)")
-        packed = _need(ck, base + "weight_packed", ("I32",), "packed codes")
+        words = _need(ck, base + "weight_packed", ("I32",), "packed codes")
         shp = _need(ck, base + "weight_shape", ("I64", "I32"), "the weight's shape")
         if tuple(shp.shape) != (2,):
             raise _bad(shp.name, f"shape {list(shp.shape)}, expected [2]")
@@ -1460,7 +1464,7 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
         if n <= 0 or k <= 0 or (k * bits) % 32:
             raise _bad(shp.name, f"weight shape [{n}, {k}]: K * {bits} bits must fill whole "
                                  "int32 words")
-        _shape_is(packed, (n, k * bits // 32), f"[N, K*{bits}/32] for weight_shape [{n}, {k}]")
+        _shape_is(words, (n, k * bits // 32), f"[N, K*{bits}/32] for weight_shape [{n}, {k}]")
         if strategy == "group":
             g = w.get("group_size")
             if not isinstance(g, int) or g <= 0 or k % g:
@@ -1472,12 +1476,13 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
             raise CheckpointError(f"config.json: {where}: pack-quantized strategy {strategy!r} "
                                   "is not read (group or channel)")
         _shape_is(scale, (n, k // g), f"[N, K/{g}]")
-        tensors = {"packed": packed.name, "scale": scale.name, "shape": shp.name}
+        tensors = {"packed": words.name, "scale": scale.name, "shape": shp.name}
         if not sym:
             zp = _need(ck, base + "weight_zero_point", ("I32",), "the packed zero points")
             _shape_is(zp, (-(-n * bits // 32), k // g), f"[ceil(N*{bits}/32), K/{g}]")
             tensors["zero"] = zp.name
-        return _Module(base, "packed", tensors, n, k, g, bits, bool(sym), strategy, out_dt)
+        return _Module(base, "packed", tensors, n, k, g, bits, bool(sym), strategy,
+                       out_dt(words.name))
     codes = _need(ck, base + "weight", ("I8",) if typ == "int" else ("F8_E4M3",),
                   f"{fmt} codes")
     if len(codes.shape) != 2:
@@ -1504,7 +1509,7 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
         raise CheckpointError(f"config.json: {where}: {kind} strategy {strategy!r} "
                               f"(block_structure {w.get('block_structure')}) is not read")
     return _Module(base, kind, {"codes": codes.name, "scale": scale.name}, n, k, g, 8, True,
-                   strategy, out_dt)
+                   strategy, out_dt(codes.name))
 
 
 HALF_SCALES = ("F16", "BF16")
@@ -1584,7 +1589,8 @@ def _module_format(ck: Checkpoint, m: _Module) -> str:
         name = f"W{m.bits}A16" + ("" if m.symmetric else "_ASYM")
         return name if m.strategy == "group" and m.group == 128 else f"{name} ({m.strategy}" + \
             (f" {m.group})" if m.strategy == "group" else ")")
-    return {"int8": "int8", "fp8": "fp8"}[m.kind] + f" ({m.strategy})"
+    what = {"channel": "per channel", "tensor": "per tensor", "block": "128x128 blocks"}
+    return f"{m.kind} {what[m.strategy]}"
 
 
 def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progress,
@@ -1603,7 +1609,7 @@ def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress
     if m.kind == "awq":
         # Stored transposed: restored whole, then written in bands of rows.
         u = awq_unpack(xp, backend.to_device(read("qweight")))             # [K, N]
-        q = pack_nibbles_rows(xp, xp.ascontiguousarray(u.T))                # [N, K/2]
+        q = pack_nibbles(xp, xp.ascontiguousarray(u.T))                     # [N, K/2]
         del u
         sc = np.ascontiguousarray(read("scales").T)                         # [N, K/G]
         z = np.ascontiguousarray(awq_unpack(np, read("qzeros")).T).astype(np.float16)
@@ -1655,13 +1661,6 @@ def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress
     progress.advance(0, out_name, finished=True)
 
 
-def pack_nibbles_rows(xp, u):
-    """uint8 [R, 2C] in [0, 15] -> uint8 [R, C], the first of a pair in the low nibble."""
-    from ._engine_formats import pack_nibbles
-
-    return pack_nibbles(xp, u)
-
-
 def _source_dtype(ck: Checkpoint, name: str) -> str | None:
     meta = ck.metadata_of(name)
     if meta.get("cuquant.source_dtype") in _ST_OF_FLOAT:
@@ -1680,8 +1679,11 @@ def _source_dtype(ck: Checkpoint, name: str) -> str | None:
 def _refuse_engine_tensors(ck: Checkpoint) -> None:
     """compressed-tensors' or AWQ's tensors without the config that says how to read them
     would be copied as if they were weights."""
-    for name in ck.tensors:
-        if name.endswith(("weight_packed", "qweight")):
+    for name, info in ck.tensors.items():
+        scale = ck.tensors.get(name + "_scale")
+        ct_codes = (info.dtype in ("I8", "F8_E4M3") and scale is not None
+                    and (scale.dtype != "F32" or len(scale.shape) != 1))
+        if name.endswith(("weight_packed", "qweight")) or ct_codes:
             raise CheckpointError(
                 f"tensor {name!r} holds packed codes (compressed-tensors or AWQ), but there is "
                 "no quantization_config of that method in config.json to read them by; "

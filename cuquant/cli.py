@@ -234,9 +234,9 @@ def cmd_inspect(args) -> int:
         print(table(["", "tensors", "bytes"], rows))
         qc = info["quantization_config"]
         if qc is not None:
-            shown = {k: v for k, v in qc.items() if k not in ("ignored_layers",
-                                                               "modules_to_not_convert")}
-            n = len(qc.get("ignored_layers") or qc.get("modules_to_not_convert") or [])
+            lists = ("ignored_layers", "modules_to_not_convert", "ignore")
+            shown = {k: v for k, v in qc.items() if k not in lists}
+            n = max(len(qc.get(k) or []) for k in lists)
             print(f"config.json quantization_config: {json.dumps(shown)}; {n} layers "
                   "left in high precision")
     for p in info["problems"]:

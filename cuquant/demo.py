@@ -148,6 +148,33 @@ def build_model(path, size_bytes: int, seed: int = 0) -> ModelShape:
     return shape
 
 
+def _points_and_labels(ax, pts: list[tuple]) -> None:
+    """Scatter (x, y, label) points; formats that land on one point share a label, and
+    labels of one column of points are spread apart so that none overlaps."""
+    merged: dict[tuple, list] = {}
+    for x, y, text in pts:
+        merged.setdefault((round(x, 2), float(f"{y:.3g}")), []).append((x, y, text))
+    points = [(g[0][0], g[0][1], " / ".join(t for _, _, t in g)) for g in merged.values()]
+    for x, y, _ in points:
+        ax.scatter([x], [y], s=60)
+    ax.figure.canvas.draw()  # fixes the limits, so that data maps to display coordinates
+    to_px = ax.transData.transform
+    gap = 12 * ax.figure.dpi / 72   # one label line, in pixels
+    columns: dict[int, list] = {}
+    for x, y, text in points:
+        columns.setdefault(round(x), []).append((to_px((x, y))[1], x, y, text))
+    for col in columns.values():
+        col.sort()
+        placed = []
+        for py, x, y, text in col:   # from the bottom up, each label at least a line above
+            want = py - 4
+            if placed and want < placed[-1] + gap:
+                want = placed[-1] + gap
+            placed.append(want)
+            ax.annotate(text, (x, y), textcoords="offset points",
+                        xytext=(7, (want - py) * 72 / ax.figure.dpi))
+
+
 def plot_results(rows: list[dict], path, title: str) -> None:
     """Two panels: SQNR and max abs error against bits per weight, one point per format.
     Needs matplotlib (the ``plot`` extra)."""
@@ -157,24 +184,17 @@ def plot_results(rows: list[dict], path, title: str) -> None:
     fig = Figure(figsize=(10, 4.2), dpi=120)
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(1, 2)
-    for i, r in enumerate(rows):
-        x = r["bits_per_weight"]
-        label = {"textcoords": "offset points", "xytext": (7, 3 if i % 2 else -11)}  # formats
-        # of one size sit on one vertical: alternate the labels above and below the points
-        if r["sqnr_db"] is not None and math.isfinite(r["sqnr_db"]):
-            ax1.scatter([x], [r["sqnr_db"]], s=60)
-            ax1.annotate(r["format"], (x, r["sqnr_db"]), **label)
-        if r["max_abs_err"]:
-            ax2.scatter([x], [r["max_abs_err"]], s=60)
-            ax2.annotate(r["format"], (x, r["max_abs_err"]), **label)
     ax1.set(xlabel="bits per quantized weight (codes + scales)", ylabel="SQNR (dB), higher is better",
             title="signal to quantization noise")
     ax2.set(xlabel="bits per quantized weight (codes + scales)", ylabel="max |error|",
             yscale="log", title="worst single weight")
-    right = max(r["bits_per_weight"] for r in rows) * 1.3 + 0.5  # room for the labels
-    for ax in (ax1, ax2):
+    right = max(r["bits_per_weight"] for r in rows) * 1.45 + 0.5  # room for the labels
+    for ax, key in ((ax1, "sqnr_db"), (ax2, "max_abs_err")):
         ax.grid(True, alpha=0.3)
         ax.set_xlim(0, right)
+        pts = [(r["bits_per_weight"], r[key], r["format"]) for r in rows
+               if r[key] is not None and math.isfinite(r[key]) and r[key] > 0]
+        _points_and_labels(ax, pts)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path)

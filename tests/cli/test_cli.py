@@ -289,3 +289,150 @@ def test_demo_cli_temp_dir_removed(tmp_path):
     assert rc == 0, err
     assert "fp8-block" in out and "SQNR dB" in out
     assert leftovers(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------
+# The engine formats: weights they cannot take, and inputs dequantize refuses
+
+def test_unfit_weights_stay_and_are_listed(model, tmp_path, capsys):
+    q = tmp_path / "q"
+    assert main(["quantize", str(model), str(q), "-f", "W4A16", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    # odd_proj is [130, 200]: K is no multiple of 128; o_proj is float32
+    assert "K=200 is not a multiple of the group size 128" in err
+    assert "model.layers.1.mlp.odd_proj.weight" in err and "float32 weights" in err
+    qc = json.loads((q / "config.json").read_text())["quantization_config"]
+    assert {"model.layers.1.mlp.odd_proj", "model.layers.1.self_attn.o_proj",
+            "lm_head"} <= set(qc["ignore"])
+    kept = load_dir(q)
+    assert kept["model.layers.1.mlp.odd_proj.weight"].dtype == load_dir(model)[
+        "model.layers.1.mlp.odd_proj.weight"].dtype
+    assert "model.layers.1.mlp.odd_proj.weight_packed" not in kept
+    # AWQ also needs N a multiple of 8
+    assert main(["quantize", str(model), str(tmp_path / "a"), "-f", "AWQ", "--device", "cpu",
+                 "-q"]) == 0
+    qc = json.loads((tmp_path / "a" / "config.json").read_text())["quantization_config"]
+    assert "model.layers.1.mlp.odd_proj" in qc["modules_to_not_convert"]
+
+
+def _rewrite(out: Path, edit) -> None:
+    """Apply edit(tensors) to every shard of `out`, keeping the metadata and the index."""
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    for shard in sorted(out.glob("*.safetensors")):
+        meta = _safetensors.SafetensorsFile(shard).metadata
+        t = _safetensors.load_file(shard)
+        edit(t)
+        _safetensors.save_file(t, shard, meta)
+        for name in t:
+            index["weight_map"].setdefault(name, shard.name)
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def _edit_config(out: Path, edit) -> None:
+    cfg = json.loads((out / "config.json").read_text())
+    edit(cfg["quantization_config"])
+    (out / "config.json").write_text(json.dumps(cfg))
+
+
+M = "model.layers.0.self_attn.q_proj."
+
+
+def _drop(name):
+    return lambda t: t.pop(name, None)
+
+
+def _reshape(name, shape):
+    def edit(t):
+        if name in t:
+            t[name] = np.ascontiguousarray(t[name].reshape(-1)[: int(np.prod(shape))]).reshape(shape)
+    return edit
+
+
+def _retype(name, dtype):
+    def edit(t):
+        if name in t:
+            t[name] = t[name].astype(dtype)
+    return edit
+
+
+BAD_INPUTS = [
+    # (format, damage to the tensors, damage to the config, words of the one line)
+    ("W4A16", None, lambda qc: qc.update(quant_method="gptq"),
+     ["quant_method 'gptq'", "does not read"]),
+    ("W4A16", None, lambda qc: qc.update(quant_method="bitsandbytes"),
+     ["'bitsandbytes'", "does not read"]),
+    ("W4A16", None, lambda qc: qc.pop("config_groups"), ["no config_groups"]),
+    ("W4A16", None, lambda qc: qc.update(quantization_status="frozen"),
+     ["quantization_status", "'frozen'"]),
+    ("W4A16", None, lambda qc: qc["config_groups"]["group_0"].update(format="nvfp4-pack-quantized"),
+     ["'nvfp4-pack-quantized'", "does not read"]),
+    ("W4A16", None, lambda qc: qc["config_groups"]["group_0"]["weights"].update(group_size=100),
+     ["group_size 100", "does not divide K=256", "weight_packed"]),
+    ("W4A16", None, lambda qc: qc["config_groups"]["group_0"]["weights"].update(num_bits=2),
+     ["2 bits"]),
+    ("W4A16", _drop(M + "weight_scale"), None, [M + "weight_scale", "missing"]),
+    ("W4A16", _drop(M + "weight_shape"), None, [M + "weight_shape", "missing"]),
+    ("W4A16", _reshape(M + "weight_scale", (256, 1)), None,
+     [M + "weight_scale", "shape [256, 1]", "expected [256, 2]"]),
+    ("W4A16", _reshape(M + "weight_packed", (128, 32)), None,
+     [M + "weight_packed", "shape [128, 32]", "expected [256, 32]"]),
+    ("W4A16", _retype(M + "weight_scale", np.float32), None,
+     [M + "weight_scale", "dtype F32"]),
+    ("W4A16_ASYM", _drop(M + "weight_zero_point"), None, [M + "weight_zero_point", "missing"]),
+    ("W4A16_ASYM", _reshape(M + "weight_zero_point", (16, 2)), None,
+     [M + "weight_zero_point", "expected [32, 2]"]),
+    ("W8A8", _retype(M + "weight_scale", np.int32), None, [M + "weight_scale", "dtype I32"]),
+    ("W8A8", _reshape(M + "weight_scale", (128, 1)), None, [M + "weight_scale", "[256, 1]"]),
+    ("AWQ", _drop(M + "qzeros"), None, [M + "qzeros", "missing"]),
+    ("AWQ", _reshape(M + "scales", (1, 256)), None, [M + "scales", "expected [2, 256]"]),
+    ("AWQ", None, lambda qc: qc.update(version="gemv"), ["AWQ version 'gemv'"]),
+    ("AWQ", None, lambda qc: qc.update(bits=8), ["AWQ with 8 bits"]),
+]
+
+
+@pytest.mark.parametrize("fmt,tensors,config,words", BAD_INPUTS,
+                         ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_INPUTS)])
+def test_dequantize_refuses_bad_input(model, tmp_path, capsys, fmt, tensors, config, words):
+    q, back = tmp_path / "q", tmp_path / "back"
+    assert main(["quantize", str(model), str(q), "-f", fmt, "--device", "cpu", "-q"]) == 0
+    if tensors is not None:
+        _rewrite(q, tensors)
+    if config is not None:
+        _edit_config(q, config)
+    capsys.readouterr()
+    assert main(["dequantize", str(q), str(back), "--device", "cpu"]) == 1
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and err.startswith("cuquant: error:")
+    assert all(w in err for w in words), err
+    assert not back.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model", "q"]
+    assert main(["inspect", str(q)]) == 1
+
+
+@pytest.mark.parametrize("fmt,codes", [("W4A16", "weight_packed"), ("W8A8", "weight"),
+                                       ("FP8_DYNAMIC", "weight"), ("AWQ", "qweight")])
+def test_codes_without_their_config_are_refused(model, tmp_path, capsys, fmt, codes):
+    q = tmp_path / "q"
+    assert main(["quantize", str(model), str(q), "-f", fmt, "--device", "cpu", "-q"]) == 0
+    (q / "config.json").unlink()
+    capsys.readouterr()
+    assert main(["dequantize", str(q), str(tmp_path / "back"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert f".{codes}'" in err and "no quantization_config" in err
+    assert not (tmp_path / "back").exists()
+
+
+def test_old_cuquant_checkpoints_still_dequantize(model, tmp_path, capsys):
+    """Checkpoints written before the command took the engines' formats (quant_method
+    "cuquant"): Python still writes them, the command reads them."""
+    for fmt in ckpt.LEGACY_FORMATS:
+        q = tmp_path / fmt
+        ckpt.quantize_checkpoint(model, q, fmt, device="cpu")
+        assert json.loads((q / "config.json").read_text())["quantization_config"][
+            "quant_method"] == "cuquant"
+        assert main(["inspect", str(q)]) == 0
+        assert f"{fmt} codes" in capsys.readouterr().out
+        assert main(["dequantize", str(q), str(tmp_path / (fmt + "-back")), "-q"]) == 0
+        assert set(load_dir(tmp_path / (fmt + "-back"))) == set(load_dir(model))
+    rc, _, err = run_cli("quantize", model, tmp_path / "x", "-f", "int8-channel")
+    _refused(rc, err, "invalid choice", "int8-channel")
