@@ -3,7 +3,7 @@ backend: every kernel a shape and group size take (tiles, one and two passes, gr
 registers, small groups), both roundings, aligned and unaligned inputs with edge values,
 quotients next to every rounding boundary (the clamped top code among them), and bf16 groups
 wide enough to need the careful arithmetic. Run on a CUDA machine:
-`python -m pytest -m gpu tests/test_zero_point_gpu.py`."""
+`python -m pytest -m gpu tests/_cuda/test_zero_point_gpu.py`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from test_groupwise_gpu import (DTYPES, OUTS, SMALL_CASES, ZP_CASES, ZP_ROUNDING
 
 import cuquant as cq
 from _util import assert_same_bits
-from cuquant import _fast
-from cuquant import groupwise as gw
+from cuquant._core import replay as _fast
+from cuquant._cuda import groups as gw
+from test_gpu import built_kernels  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.gpu
 
@@ -98,12 +99,10 @@ HUGE_CASES = {128: "quant-tiles", 512: "quant", 20: "quant-small"}
 
 
 @pytest.mark.parametrize("g", list(HUGE_CASES))
-def test_symmetric_huge_bfloat16_scales(g, rng, monkeypatch):
+def test_symmetric_huge_bfloat16_scales(g, rng, built_kernels):
     """bf16 groups of magnitude 1e30 to 1e38: s = amax / 7.5 passes 2**104, where the fast
     reconstruction's constant times s overflows float32 and the group takes the careful
     arithmetic; rows on both sides, every rounding, and the kernel the size takes."""
-    monkeypatch.setattr(gw, "_plans", {})
-    _fast.clear()
     t, m = ml_dtypes.bfloat16, 10
     width = 10.0 ** np.linspace(30, 38, m)
     x = (rng.uniform(-1, 1, (m, 8 * g)) * width[:, None]).astype(np.float32).astype(t)
