@@ -23,9 +23,8 @@ LAYERS = (
     ("cuda", ("cuquant._cuda",)),
     ("ops", ("cuquant.int8", "cuquant.fp8", "cuquant.groupwise", "cuquant.zero_point")),
     ("api", ("cuquant",)),
-    ("applications", ("cuquant.compat", "cuquant.checkpoint", "cuquant._safetensors",
-                      "cuquant._engine_formats")),
-    ("command", ("cuquant.cli", "cuquant.demo", "cuquant.__main__")),
+    ("applications", ("cuquant.compat", "cuquant.checkpoint")),
+    ("command", ("cuquant.cli", "cuquant.__main__")),
     ("testing", ("cuquant.testing",)),
 )
 

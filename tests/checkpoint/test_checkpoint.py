@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from _util import assert_same_bits
 
 import cuquant
 from cuquant import checkpoint as ckpt
-from cuquant._safetensors import SafetensorsFile, load_file, save_file
+from cuquant.checkpoint.safetensors import SafetensorsFile, load_file, save_file
 from cuquant.checkpoint import CheckpointError
 
 BF16 = ml_dtypes.bfloat16
@@ -465,8 +466,8 @@ def test_failure_leaves_nothing(model, tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return real(*a, **k)
 
-    real = ckpt._quantize_one
-    monkeypatch.setattr(ckpt, "_quantize_one", boom)
+    real = ckpt.quantize._quantize_one
+    monkeypatch.setattr(ckpt.quantize, "_quantize_one", boom)
     with pytest.raises(OSError):
         quantize(src, tmp_path / "q", "fp8-block")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
@@ -478,7 +479,7 @@ def test_space_check(model, tmp_path, monkeypatch):
     class Usage:
         free = 1000
 
-    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda p: Usage)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage)
     with pytest.raises(CheckpointError, match="not enough disk space"):
         quantize(src, tmp_path / "q", "fp8-block")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -15,7 +15,7 @@ import pytest
 from test_checkpoint import QUANTIZED, load_dir, make_checkpoint, raw_headers
 
 from cuquant import checkpoint as ckpt
-from cuquant._safetensors import SafetensorsFile, save_file
+from cuquant.checkpoint.safetensors import SafetensorsFile, save_file
 
 pytestmark = pytest.mark.gpu
 

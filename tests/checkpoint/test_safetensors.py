@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from _util import assert_same_bits
 
-from cuquant._safetensors import (
+from cuquant.checkpoint.safetensors import (
     DTYPES,
     SafetensorsError,
     SafetensorsFile,

@@ -17,7 +17,7 @@ import pytest
 from test_checkpoint import QUANTIZED, load_dir, make_checkpoint
 
 import cuquant
-from cuquant import _safetensors
+from cuquant.checkpoint import safetensors as _safetensors
 from cuquant import checkpoint as ckpt
 from cuquant.cli import main
 
@@ -201,7 +201,7 @@ def test_interrupt_cleans_up(model, tmp_path, capsys, monkeypatch):
     def stop(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ckpt, "_quantize_one", stop)
+    monkeypatch.setattr(ckpt.quantize, "_quantize_one", stop)
     assert main(["quantize", str(model), str(tmp_path / "out"), "-f", "fp8-block",
                  "--device", "cpu"]) == 130
     assert "interrupted" in capsys.readouterr().err
@@ -247,7 +247,7 @@ def test_parse_size():
 # The demo
 
 def test_demo(tmp_path, capsys):
-    from cuquant.demo import run_demo
+    from cuquant.cli.demo import run_demo
 
     png = tmp_path / "demo.png"
     assert run_demo(size="3MB", out=tmp_path / "work", device="cpu", plot=str(png),
@@ -270,7 +270,7 @@ def test_demo(tmp_path, capsys):
 
 
 def test_demo_model_is_realistic(tmp_path):
-    from cuquant.demo import build_model, model_shape
+    from cuquant.cli.demo import build_model, model_shape
 
     shape = build_model(tmp_path / "m", 4 * 10**6)
     assert shape == model_shape(4 * 10**6) and shape.layers >= 1

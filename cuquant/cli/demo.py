@@ -20,7 +20,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from ._safetensors import SafetensorsWriter, TensorSpec
+from ..checkpoint.safetensors import SafetensorsWriter, TensorSpec
 
 __all__ = ["ModelShape", "build_model", "model_shape", "plot_results", "run_demo"]
 
@@ -204,8 +204,8 @@ def run_demo(size="200MB", out=None, device="auto", plot="cuquant-demo.png", pro
              overwrite=False, stream=None, formats=None) -> int:
     """Build the synthetic model, quantize it in every format, print the comparison and
     draw it. Returns the exit code."""
-    from . import __version__
-    from .checkpoint import (
+    from .. import __version__
+    from ..checkpoint import (
         COMMAND_FORMATS,
         FORMATS,
         CheckpointError,
@@ -214,7 +214,7 @@ def run_demo(size="200MB", out=None, device="auto", plot="cuquant-demo.png", pro
         quantize_checkpoint,
         select_backend,
     )
-    from .cli import ProgressBar, table
+    from .console import ProgressBar, table
 
     stream = stream or sys.stdout
     size_bytes = parse_size(size)

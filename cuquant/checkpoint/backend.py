@@ -1,0 +1,59 @@
+"""Where the work runs: the NumPy backend or a GPU through CuPy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import CheckpointError
+
+
+class Backend:
+    """NumPy on the host, or CuPy on a CUDA device: moving bands of rows there and back,
+    and the error statistics."""
+
+    def __init__(self, name: str, xp):
+        self.name = name
+        self.xp = xp
+
+    def to_device(self, host: np.ndarray):
+        if self.xp is np:
+            return host
+        if host.dtype.itemsize == 1 and host.dtype.kind not in "iub":
+            host = host.view(np.uint8)  # float8: CuPy holds the codes as uint8
+        return self.xp.asarray(host)
+
+    def to_host(self, a) -> np.ndarray:
+        return a if isinstance(a, np.ndarray) else a.get()
+
+    def error_terms(self, w, deq) -> tuple[float, float, float]:
+        """(sum w^2, sum (deq - w)^2, max |deq - w|) over a band, in float32 math."""
+        xp = self.xp
+        w32 = w.astype(xp.float32).reshape(-1)
+        e = deq.astype(xp.float32).reshape(-1) - w32
+        if e.size == 0:
+            return 0.0, 0.0, 0.0
+        return float(xp.dot(w32, w32)), float(xp.dot(e, e)), float(xp.abs(e).max())
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean no GPU
+        return False
+
+
+def select_backend(device: str = "auto") -> Backend:
+    """``"cuda"`` (CuPy kernels), ``"cpu"`` (the NumPy backend) or ``"auto"``: the GPU
+    when there is one."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise CheckpointError(f"device must be auto, cpu or cuda; got {device!r}")
+    if device == "cpu" or (device == "auto" and not gpu_available()):
+        return Backend("cpu", np)
+    if not gpu_available():
+        raise CheckpointError("--device cuda: no CUDA device is usable here (CuPy missing, no "
+                              "driver, or no GPU); use --device cpu")
+    import cupy
+
+    return Backend("cuda", cupy)
