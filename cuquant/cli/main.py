@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     about = {name: (ENGINE_FORMATS.get(name) or FORMATS[name]).about for name in COMMAND_FORMATS}
     formats = "\n".join(textwrap.fill(f"{name:<12} {text}", 88, initial_indent="  ",
-                                       subsequent_indent=" " * 15)
+                                       subsequent_indent=" " * 15, break_on_hyphens=False)
                          for name, text in about.items())
     p = argparse.ArgumentParser(
         prog="cuquant",

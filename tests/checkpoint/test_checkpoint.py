@@ -299,12 +299,20 @@ def test_int4_group_keeps_unfit_weights(model, tmp_path):
     assert "model.layers.1.mlp.odd_proj" in qc["ignored_layers"]
 
 
-def test_bands_do_not_change_the_bits(model, tmp_path):
+@pytest.mark.parametrize("fmt", ["fp8-block", *ckpt.ENGINE_FORMATS])
+def test_bands_do_not_change_the_bits(model, tmp_path, fmt):
+    # Bands of one row (eight for the packed zero points, 128 for tiles) against one band.
     src, _ = model
-    quantize(src, tmp_path / "small", "fp8-block", chunk_elements=1)
-    quantize(src, tmp_path / "big", "fp8-block", chunk_elements=1 << 30)
+    quantize(src, tmp_path / "small", fmt, chunk_elements=1)
+    quantize(src, tmp_path / "big", fmt, chunk_elements=1 << 30)
     for shard in (tmp_path / "small").glob("*.safetensors"):
         assert shard.read_bytes() == (tmp_path / "big" / shard.name).read_bytes()
+    ckpt.dequantize_checkpoint(tmp_path / "small", tmp_path / "back_small", device="cpu",
+                               chunk_elements=1)
+    ckpt.dequantize_checkpoint(tmp_path / "small", tmp_path / "back_big", device="cpu",
+                               chunk_elements=1 << 30)
+    for shard in (tmp_path / "back_small").glob("*.safetensors"):
+        assert shard.read_bytes() == (tmp_path / "back_big" / shard.name).read_bytes()
 
 
 def test_error_report(model, tmp_path):
@@ -544,3 +552,34 @@ def test_peak_memory_stays_near_one_band(tmp_path):
     print(f"model {model_mib:.0f} MiB, largest tensor 4 MiB; peak RSS {peak:.0f} MiB, "
           f"{peak - base:.0f} MiB above the bare interpreter ({base:.0f} MiB)")
     assert peak - base < 48, (peak, base)
+
+
+@pytest.mark.parametrize("fmt,sym", [("W4A16_ASYM", False), ("W4A16", True), ("W8A16", True)])
+def test_packed_round_trip_is_the_quantizers_reconstruction(tmp_path, rng, fmt, sym):
+    """N = 130 (not a multiple of 8: the last word of packed zero points is half padding):
+    the restored weight is the quantizer's own reconstruction, whatever the bands."""
+    import cuquant
+
+    w = (rng.standard_normal((130, 256)) * 0.05).astype(ml_dtypes.bfloat16)
+    src = tmp_path / "m"
+    src.mkdir()
+    save_file({"layer.weight": w}, src / "model.safetensors", {"format": "pt"})
+    (src / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    bits = 8 if fmt == "W8A16" else 4
+    _, _, zeros, recon = cuquant.quantize_groupwise_zero_point(w, bits, 128, symmetric=sym)
+    for chunk in (1, 1 << 30):
+        out = tmp_path / f"q{chunk}"
+        quantize(src, out, fmt, chunk_elements=chunk)
+        files = load_dir(out)
+        assert files["layer.weight_shape"].tolist() == [130, 256]
+        if not sym:
+            zp = files["layer.weight_zero_point"]
+            assert zp.dtype == np.int32 and zp.shape == (17, 2)
+            nib = (zp.view(np.uint32)[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15
+            z = nib.transpose(0, 2, 1).reshape(136, 2)
+            assert np.array_equal(z[:130], zeros.astype(np.float32)) and not z[130:].any()
+        ckpt.dequantize_checkpoint(out, tmp_path / f"back{chunk}", device="cpu",
+                                   chunk_elements=chunk)
+        back = load_dir(tmp_path / f"back{chunk}")["layer.weight"]
+        assert back.dtype == w.dtype
+        assert np.array_equal(back.view(np.uint16), recon.view(np.uint16))
