@@ -15,7 +15,7 @@ namespace cq {
 // the device holds at once for a batch of tensors of a few MB.
 
 constexpr int BATCH_UNROLL = 2;   // units a thread a round, as dequantize_groups for this format
-constexpr int BATCH_ROUNDS = 8;   // also BATCH_ROUNDS in cuquant/groupwise.py
+constexpr int BATCH_ROUNDS = 8;   // also BATCH_ROUNDS in cuquant/_cuda/groups.py
 
 struct BatchItem {
     const u8* q;

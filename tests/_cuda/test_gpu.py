@@ -772,7 +772,7 @@ def test_stream_argument():
 
 
 # ---------------------------------------------------------------------------------------
-# Replays (cuquant/_fast.py): repeated calls on CuPy arrays skip straight to the launch
+# Replays (cuquant/_core/replay.py): repeated calls on CuPy arrays skip straight to the launch
 
 def _replay_cases():
     for op in OPS:
