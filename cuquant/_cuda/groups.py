@@ -420,7 +420,7 @@ def _quant_staged_plan(src, fmt, t, g, hold, two_pass_units, device,
 # leaves too few loads in flight, four cost registers and with them resident warps (in the
 # spanning kernel too; also the batched kernel's BATCH_UNROLL in groupwise.cu).
 DQ_UNROLL = 2
-BATCH_ROUNDS = 8  # rounds of DQ_UNROLL units a thread of the batched kernel (groupwise.cu)
+BATCH_ROUNDS = 8  # rounds of DQ_UNROLL units a thread of the batched kernel (groups/batched.cuh)
 DQ_THREADS = 256
 # Groups of at least WARP_MIN_UNITS 16-byte units of output share their parameters within
 # a warp (dequant_warp_units in groups/dequantize.cuh: 64 consecutive units a warp span at most 16
