@@ -898,7 +898,7 @@ def _shape_with_most_rows(op, dtype, variant, rng):
             op.fn(*args, **kwargs)
         except ValueError:
             continue
-        return shape
+        return args[0].shape  # the op's maker may fit K to the group size
     raise AssertionError(f"{op.name} {variant}: no test shape takes this variant")
 
 
