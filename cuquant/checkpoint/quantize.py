@@ -318,6 +318,14 @@ def _host_float(backend: Backend, a, dtype) -> np.ndarray:
     return np.asarray(backend.to_host(a)).astype(dtype)
 
 
+# Formats coded a channel of the weight at a time: the library's quantizer (scale in the
+# model dtype) and dequantizer of each.
+_PER_CHANNEL = {
+    "int8": ("quantize_int8_per_channel", "dequantize_int8_per_channel"),
+    "fp8": ("quantize_fp8_per_row", "dequantize_fp8_per_row"),
+}
+
+
 def _quantize_engine(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progress,
                      backend: Backend, chunk: int, stats: bool) -> None:
     """One weight in a compressed-tensors or AWQ format: bands of rows through the
@@ -342,20 +350,13 @@ def _quantize_engine(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: 
     for r0, r1 in _bands(n, k, align, chunk):
         host = f.read_rows(name, r0, r1)
         x = backend.to_device(host)
-        if fmt.codes == "int8":
-            q, sc = cuquant.quantize_int8_per_channel(x, scale_dtype=model_dt)
+        if fmt.codes in _PER_CHANNEL:
+            quantize, dequantize = (getattr(cuquant, f) for f in _PER_CHANNEL[fmt.codes])
+            q, sc = quantize(x, scale_dtype=model_dt)
             s32 = _host_float(backend, sc, np.float32)
             w.write(out["weight"], backend.to_host(q))
             w.write(out["weight_scale"], backend.to_host(sc))
-            deq = (cuquant.dequantize_int8_per_channel(q, backend.to_device(s32), "float32")
-                   if stats else None)
-        elif fmt.codes == "fp8":
-            q, sc = cuquant.quantize_fp8_per_row(x, scale_dtype=model_dt)
-            s32 = _host_float(backend, sc, np.float32)
-            w.write(out["weight"], backend.to_host(q))
-            w.write(out["weight_scale"], backend.to_host(sc))
-            deq = (cuquant.dequantize_fp8_per_row(q, backend.to_device(s32), "float32")
-                   if stats else None)
+            deq = dequantize(q, backend.to_device(s32), "float32") if stats else None
         else:
             src = x
             if fmt.codes == "awq":
