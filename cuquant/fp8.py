@@ -11,9 +11,9 @@ import numpy as np
 
 from . import _numpy
 from ._core.arrays import HOST
-from ._core.call import (check_one_value, dequant_args, host_results, intake, same_place,
-                         scale_argument, scale_type_of, stream_of, v)
-from ._core.dtypes import E4M3, FLOATS, INT8
+from ._core.call import (check_one_value, dequant_args, host_results, intake, scale_argument,
+                         scale_type_of, stream_of, v)
+from ._core.dtypes import E4M3
 from ._core.replay import replayable
 from ._cuda import symmetric as _symmetric
 from ._cuda.launch import run as run_gpu

@@ -19,11 +19,9 @@ pair in the high nibble (int8 storage). Dequantization is ``dtype(f32(q) * p0)``
 
 from __future__ import annotations
 
-import numpy as np
-
 from . import _numpy
 from ._core import replay as _fast
-from ._core.arrays import HOST, outcome
+from ._core.arrays import HOST
 from ._core.call import host_results, intake, out_dtype, same_place, stream_of, v
 from ._core.dtypes import FLOATS
 from ._cuda import groupwise as _gpu_groupwise

@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 import math
 
-import numpy as np
-
 from .._core.arrays import contiguous
 from .._core.dtypes import FloatType
 from .._core.replay import offer
