@@ -17,6 +17,7 @@ tests/checkpoint/test_checkpoint_engines.py``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 
@@ -28,7 +29,7 @@ from cuquant.cli import main
 
 def _require(module: str):
     if os.environ.get("CUQUANT_REQUIRE_ENGINES") == "1":
-        return __import__(module)
+        return importlib.import_module(module)
     return pytest.importorskip(module)
 
 
