@@ -7,23 +7,55 @@ import numpy as np
 from .formats import CheckpointError
 
 
+# Host arrays of at least this many bytes are page-locked on the GPU backend; smaller ones
+# (scales, zero points) are not worth a locked block.
+_PINNED_MIN = 4 << 20
+# Locked blocks are rounded up to this, so that bands of different tensors reuse them.
+_PINNED_UNIT = 16 << 20
+
+
 class Backend:
     """NumPy on the host, or CuPy on a CUDA device: moving bands of rows there and back,
-    and the error statistics."""
+    and the error statistics.
+
+    On the GPU, bands cross in page-locked host memory (DMA at the bus's speed, no page
+    faults), from a pool of this backend's own, kept for the run and released by
+    `release_host_memory`."""
 
     def __init__(self, name: str, xp):
         self.name = name
         self.xp = xp
+        self._pinned = None if xp is np else xp.cuda.PinnedMemoryPool()
+
+    def host_buffer(self, shape, dtype) -> np.ndarray:
+        """An uninitialized host array: page-locked on the GPU backend when large."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self._pinned is None or nbytes < _PINNED_MIN:
+            return np.empty(shape, dtype)
+        mem = self._pinned.malloc(-(-nbytes // _PINNED_UNIT) * _PINNED_UNIT)
+        return np.ndarray(shape, dtype, buffer=mem)
 
     def to_device(self, host: np.ndarray):
         if self.xp is np:
             return host
         if host.dtype.itemsize == 1 and host.dtype.kind not in "iub":
             host = host.view(np.uint8)  # float8: CuPy holds the codes as uint8
-        return self.xp.asarray(host)
+        x = self.xp.empty(host.shape, host.dtype)
+        x.set(np.ascontiguousarray(host))
+        return x
 
     def to_host(self, a) -> np.ndarray:
-        return a if isinstance(a, np.ndarray) else a.get()
+        if isinstance(a, np.ndarray):
+            return a
+        out = self.host_buffer(a.shape, a.dtype)
+        a.get(out=out)
+        return out
+
+    def release_host_memory(self) -> None:
+        """Give the page-locked blocks no array uses any more back to the system."""
+        if self._pinned is not None:
+            self._pinned.free_all_blocks()
 
     def error_terms(self, w, deq) -> tuple[float, float, float]:
         """(sum w^2, sum (deq - w)^2, max |deq - w|) over a band, in float32 math."""

@@ -35,7 +35,7 @@ from .plan import _decide, _Item, _matches
 from .read import Checkpoint, open_checkpoint
 from .report import _worse, Report, TensorRecord
 from .safetensors import SafetensorsWriter, TensorSpec
-from .write import _bands, _copy_raw, _finish, _prepare, _Progress, _run
+from .write import _bands, _copy_raw, _copy_reads, _finish, _prepare, _Progress, _run
 
 
 def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
@@ -170,7 +170,18 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
                 else:
                     _quantize_one(it, ck, w, p, backend, scale_format, chunk, stats)
 
-            names, index_meta, wmap = _run(plan, ck, out, metadata_for, work, prog)
+            def reads(it):
+                if it.fmt is None:
+                    return _copy_reads(it)
+                n, k = it.src.shape
+                align = _engine_align(it.fmt) if engine else it.fmt.row_align
+                return [("rows", it.src.name, r0, r1) for r0, r1 in _bands(n, k, align, chunk)]
+
+            try:
+                names, index_meta, wmap = _run(plan, ck, out, metadata_for, work, prog, reads,
+                                               backend.host_buffer)
+            finally:
+                backend.release_host_memory()
             index_meta.update({"cuquant_format": fmt.name, "cuquant_version": cuquant.__version__})
             if fmt.grouped:
                 index_meta["cuquant_group_size"] = group
@@ -326,6 +337,12 @@ _PER_CHANNEL = {
 }
 
 
+def _engine_align(fmt: EngineFormat) -> int:
+    """Rows a band of an engine format starts at a multiple of: 8 for the asymmetric packed
+    format, whose zero points are packed eight rows a word."""
+    return 8 if fmt.codes == "packed" and not fmt.symmetric else 1
+
+
 def _quantize_engine(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progress,
                      backend: Backend, chunk: int, stats: bool) -> None:
     """One weight in a compressed-tensors or AWQ format: bands of rows through the
@@ -344,10 +361,7 @@ def _quantize_engine(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: 
     signal = noise = 0.0
     worst = 0.0
     awq_codes, awq_scales, awq_zeros = [], [], []
-    # Bands of the asymmetric format start at multiples of 8 rows: its zero points are
-    # packed eight rows a word.
-    align = 8 if fmt.codes == "packed" and not fmt.symmetric else 1
-    for r0, r1 in _bands(n, k, align, chunk):
+    for r0, r1 in _bands(n, k, _engine_align(fmt), chunk):
         host = f.read_rows(name, r0, r1)
         x = backend.to_device(host)
         if fmt.codes in _PER_CHANNEL:

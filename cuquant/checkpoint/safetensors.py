@@ -249,8 +249,9 @@ class SafetensorsFile:
         info = self.tensors[name]
         return self.read_rows(name, 0, info.shape[0] if info.shape else 1)
 
-    def read_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
-        """Rows ``r0:r1`` of the first axis (a 0-d tensor has one row, itself)."""
+    def read_rows(self, name: str, r0: int, r1: int, alloc=np.empty) -> np.ndarray:
+        """Rows ``r0:r1`` of the first axis (a 0-d tensor has one row, itself), read into
+        ``alloc(shape, dtype)`` (an uninitialized array, e.g. in page-locked memory)."""
         info = self.tensors[name]
         dt = numpy_dtype(info.dtype)
         if not info.shape:
@@ -258,7 +259,7 @@ class SafetensorsFile:
             self._read_into(out, info.begin)
             return out
         row = math.prod(info.shape[1:])
-        out = np.empty((r1 - r0,) + info.shape[1:], dtype=dt)
+        out = alloc((r1 - r0,) + info.shape[1:], dt)
         if out.size:
             self._read_into(out, info.begin + r0 * row * dt.itemsize)
         return out
@@ -372,13 +373,13 @@ class SafetensorsWriter:
         self._done[name] += len(buf)
 
     def close(self) -> None:
-        """Check every tensor got all its bytes, then flush the file to disk."""
+        """Check every tensor got all its bytes, then flush and close the file. The data is
+        left to the operating system to put on the disk (no fsync), as `cp` leaves it."""
         missing = [n for n, (_, b, e) in self._place.items() if self._done[n] != e - b]
         if missing:
             self.abort()
             raise SafetensorsError(f"{self.path}: tensors left incomplete: {missing[:5]}")
         self._f.flush()
-        os.fsync(self._f.fileno())
         self._f.close()
 
     def abort(self) -> None:

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
-from collections.abc import Sequence
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 from .formats import _WEIGHT_SUFFIXES, CheckpointError, human_bytes
 from .plan import _Item, _shard, _shard_names
@@ -113,31 +119,156 @@ class _Progress:
             self.cb(self.done_t, self.tensors, self.done_b, self.nbytes, name)
 
 
+# A read of the input: ("rows", name, r0, r1) or ("bytes", name, offset, size).
+Read = tuple[str, str, int, int]
+
+
+class _PrefetchedFile:
+    """What a work function sees of an input file: reads that the read-ahead thread has
+    made already are handed over, any other read is made here."""
+
+    def __init__(self, ahead: "_ReadAhead", name: str):
+        self._ahead, self._file = ahead, ahead.ck.file_of(name)
+
+    def read_rows(self, name: str, r0: int, r1: int):
+        return self._ahead.take(("rows", name, r0, r1), self._file)
+
+    def read_bytes(self, name: str, offset: int = 0, size: int | None = None):
+        size = self._file.tensors[name].nbytes - offset if size is None else size
+        return self._ahead.take(("bytes", name, offset, size), self._file)
+
+    def __getattr__(self, attr):
+        return getattr(self._file, attr)
+
+
+class _ReadAhead:
+    """The input reads of a shard, in the order the work makes them, done on a thread
+    `depth` reads ahead: the disk (or the page cache) is read while the device computes
+    and the previous output is written. Stands in for the Checkpoint in the work
+    functions."""
+
+    def __init__(self, ck: Checkpoint, reads: Iterable[Read], alloc, depth: int = 2):
+        self.ck, self._alloc = ck, alloc
+        self._reads = iter(reads)
+        self._pending: deque = deque()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="cuquant-read")
+        for _ in range(depth):
+            self._submit()
+
+    def _submit(self) -> None:
+        r = next(self._reads, None)
+        if r is not None:
+            self._pending.append((r, self._pool.submit(self._read, r)))
+
+    def _read(self, r: Read):
+        kind, name, a, b = r
+        f = self.ck.file_of(name)
+        return f.read_rows(name, a, b, self._alloc) if kind == "rows" else f.read_bytes(name, a, b)
+
+    def take(self, r: Read, f):
+        if self._pending and self._pending[0][0] == r:
+            _, fut = self._pending.popleft()
+            self._submit()
+            return fut.result()
+        # Not the read planned next: the plan and the work disagree, which costs the
+        # overlap, never the bytes. One reader at a time on the file.
+        for _, fut in self._pending:
+            fut.result()
+        kind, name, a, b = r
+        return f.read_rows(name, a, b) if kind == "rows" else f.read_bytes(name, a, b)
+
+    def file_of(self, name: str) -> _PrefetchedFile:
+        return _PrefetchedFile(self, name)
+
+    def __getattr__(self, attr):
+        return getattr(self.ck, attr)
+
+    def close(self) -> None:
+        for _, fut in self._pending:
+            fut.cancel()
+        self._pool.shutdown(wait=True)
+
+
+class _WriteBehind:
+    """A SafetensorsWriter whose writes are made on a thread, in order, a few behind the
+    work, so the next band is computed while this one is written. A failed write is
+    raised at the next write or at `drain`."""
+
+    def __init__(self, w: SafetensorsWriter, depth: int = 3):
+        self._w = w
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="cuquant-write", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            if self._error is None:
+                try:
+                    self._w.write(*job)
+                except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                    self._error = e
+
+    def write(self, name: str, data) -> None:
+        if self._error is not None:
+            raise self._error
+        self._q.put((name, data))
+
+    def drain(self) -> None:
+        """Wait for every write; raise the first that failed."""
+        self._q.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 def _run(plan: list[list[_Item]], ck: Checkpoint, out: _Output, metadata_for, work,
-         progress) -> tuple[list[str], dict, dict[str, str]]:
+         progress, reads: Callable[[_Item], Iterable[Read]] | None = None,
+         alloc=None) -> tuple[list[str], dict, dict[str, str]]:
     """Write every shard of the plan; returns the shard file names, the index metadata
     (``total_size``: bytes of tensor data, as the Hugging Face index counts them) and the
-    weight map."""
+    weight map. `reads(item)` lists the input reads `work` makes for an item, in order:
+    they are then made ahead, on a thread, rows into ``alloc(shape, dtype)``."""
     names = _shard_names(len(plan))
     weight_map: dict[str, str] = {}
     total = 0
     for shard, fname in zip(plan, names):
         specs = [s for it in shard for s in it.outputs]
-        with SafetensorsWriter(out.tmp / fname, specs, metadata_for(shard)) as w:
-            for it in shard:
-                work(it, ck, w, progress)
-                for s in it.outputs:
-                    weight_map[s.name] = fname
-                    total += s.size()
+        src = ck if reads is None else _ReadAhead(ck, (r for it in shard for r in reads(it)),
+                                                  alloc or np.empty)
+        try:
+            with SafetensorsWriter(out.tmp / fname, specs, metadata_for(shard)) as w0:
+                w = _WriteBehind(w0)
+                try:
+                    for it in shard:
+                        work(it, src, w, progress)
+                        for s in it.outputs:
+                            weight_map[s.name] = fname
+                            total += s.size()
+                finally:
+                    w.drain()
+        finally:
+            if src is not ck:
+                src.close()
     return names, {"total_size": total}, weight_map
+
+
+def _copy_reads(it: _Item) -> list[Read]:
+    n = it.src.nbytes
+    return [("bytes", it.src.name, at, min(_COPY_STEP, n - at)) for at in range(0, n, _COPY_STEP)]
+
+
+_COPY_STEP = 64 << 20
 
 
 def _copy_raw(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progress) -> None:
     f = ck.file_of(it.src.name)
-    step = 64 << 20
     n = it.src.nbytes
-    for at in range(0, n, step):
-        part = f.read_bytes(it.src.name, at, min(step, n - at))
+    for at in range(0, n, _COPY_STEP):
+        part = f.read_bytes(it.src.name, at, min(_COPY_STEP, n - at))
         w.write(it.src.name, part)
         progress.advance(len(part), it.src.name)
     it.record.bytes_out = n
