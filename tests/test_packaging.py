@@ -31,6 +31,13 @@ def test_wheel_carries_cuda_sources(wheel):
     assert not any(n.startswith("cuda_src/") for n in names)
 
 
+def test_wheel_carries_the_license(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    (lic,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    text = zipfile.ZipFile(wheel).read(lic).decode()
+    assert text.startswith((ROOT / "LICENSE").read_text()[:200]) and "Version 2.0" in text
+
+
 def test_installed_wheel_works_outside_the_checkout(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
