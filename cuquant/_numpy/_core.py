@@ -45,17 +45,27 @@ def abs_max_runs(x32: np.ndarray, run: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 # Step 1: choose the scale
 
+def at_least_min_subnormal(s: np.ndarray) -> np.ndarray:
+    """A scale product (>= 0 or NaN) that rounded to 0 raised to 2**-149: a nonzero group
+    never gets a zero scale."""
+    bits = np.array(s, dtype=np.float32).view(np.uint32)
+    np.maximum(bits, np.uint32(1), out=bits)
+    return bits.view(np.float32)
+
+
 def scale_zero_is_one(amax: np.ndarray, code: CodeType) -> np.ndarray:
-    """amax * C(1/qmax), or 1 where amax == 0 (NaN and inf carry through)."""
+    """amax * C(1/qmax), at least 2**-149, or 1 where amax == 0 (NaN and inf carry
+    through)."""
     amax = np.asarray(amax, dtype=np.float32)
     s = np.where(amax == 0, F32(1.0), amax * code.inv_qmax).astype(np.float32)
-    return canonical_nan(s, 0x7FFFFFFF)
+    return canonical_nan(at_least_min_subnormal(s), 0x7FFFFFFF)
 
 
 def scale_floor(amax: np.ndarray, eps: np.float32, code: CodeType) -> np.ndarray:
-    """max(amax, eps) * C(1/qmax); np.maximum keeps NaN, as the contract asks."""
+    """max(amax, eps) * C(1/qmax), at least 2**-149; np.maximum keeps NaN, as the contract
+    asks."""
     s = (np.maximum(np.asarray(amax, dtype=np.float32), F32(eps)) * code.inv_qmax).astype(np.float32)
-    return canonical_nan(s, 0x7FFFFFFF)
+    return canonical_nan(at_least_min_subnormal(s), 0x7FFFFFFF)
 
 
 def stored_scale(s: np.ndarray, scale_type: FloatType) -> np.ndarray:

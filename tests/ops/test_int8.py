@@ -66,8 +66,10 @@ def test_subnormal_scale_is_honoured():
 def test_scale_that_rounds_to_zero():
     w = np.array([[2.0 ** -149, 0.0, -(2.0 ** -149)]], dtype=np.float32)
     q, s = cq.quantize_int8_per_channel(w)
-    assert s.tolist() == [0.0]  # amax != 0, but amax * C underflows
-    assert q.tolist() == [[127, 0, -127]]  # x / 0 = +-inf; 0 / 0 = NaN -> 0
+    # amax * C rounds to 0 and is raised to 2**-149: codes 1, 0, -1 (a zero scale would
+    # give +-127 for +-inf quotients)
+    assert s.tolist() == [2.0 ** -149]
+    assert q.tolist() == [[1, 0, -1]]
 
 
 def test_per_block_golden():

@@ -60,12 +60,29 @@ def test_int8_scale_just_below_a_power_of_two():
     assert q[0, :4].tolist() == [127, 127, 126, -4]
 
 
-def test_int8_scale_that_underflows_to_zero():
-    # amax 63 units: 63 / 127 < 1/2 -> scale 0; x / 0 is +-inf (codes +-127), 0 / 0 NaN (0).
+def test_int8_scale_that_underflows_is_raised_to_one_unit():
+    # amax 63 units: 63 / 127 < 1/2 rounds to 0, raised to 1 unit; 63 / 1 = 63 (a zero
+    # scale would give +-127 for +-inf quotients, and NaN for 0 / 0).
     x = _padded(units(63, -1, 0))
-    q, s = cq.quantize_int8_per_channel(x)
-    assert s.view(np.uint32).tolist() == [0]
-    assert q[0, :3].tolist() == [127, -127, 0]
+    for q, s in (cq.quantize_int8_per_channel(x), cq.quantize_int8_per_tensor(x),
+                 cq.quantize_int8_per_block(x, 32)):
+        assert s.view(np.uint32).reshape(-1).tolist() == [1]
+        assert q[0, :3].tolist() == [63, -1, 0]
+
+
+def test_fp8_scales_that_underflow_are_raised_to_one_unit():
+    # amax 223 units: 223 * f32(1/448) < 1/2 unit rounds to 0, raised to 1 unit; the codes
+    # are the units: 223 -> 224 (e=14, m=6: 0x76; steps of 16 there), -3 (0xC4), 0
+    x = _padded(units(223, -3, 0))
+    for q, s in (cq.quantize_fp8_per_tensor(x), cq.quantize_fp8_per_block(x),
+                 cq.quantize_fp8_per_block(x, scale_format="ue8m0")):
+        assert s.view(np.uint32).reshape(-1).tolist() == [1]
+        assert q.view(np.uint8)[0, :3].tolist() == [0x76, 0xC4, 0x00]
+    # an all-zero group with eps = 1 unit: max(0, eps) / 448 rounds to 0, raised to 1 unit;
+    # zeros stay zeros (a zero scale would make them NaN)
+    q, s = cq.quantize_fp8_per_token_group(np.zeros((1, 32), np.float32), 32, eps=1e-45)
+    assert s.view(np.uint32).tolist() == [[1]]
+    assert not q.view(np.uint8).any()
 
 
 # ---------------------------------------------------------------------------------------
