@@ -15,6 +15,10 @@ class Backend:
         self.name = name
         self.xp = xp
 
+    def __reduce__(self):
+        # A cluster's task takes the backend of the machine it runs on.
+        return select_backend, (self.name,)
+
     def to_device(self, host: np.ndarray):
         if self.xp is np:
             return host
