@@ -116,7 +116,7 @@ class _Cluster:
             raise CheckpointError(f"scheduler {text!r}: expected local:N, N a number of worker "
                                   "processes >= 1")
         n = int(count)
-        quiet = dict(silence_logs=logging.ERROR, dashboard_address=":0")
+        quiet = dict(silence_logs=logging.CRITICAL, dashboard_address=":0")
         if gpu_available():
             try:
                 from dask_cuda import LocalCUDACluster
@@ -132,10 +132,11 @@ class _Cluster:
 
     def _connect(self, address: str, distributed):
         try:
+            # Within Dask's connect timeout (distributed.comm.timeouts.connect).
             if address.endswith(".json"):
-                client = distributed.Client(scheduler_file=address, timeout="10s")
+                client = distributed.Client(scheduler_file=address)
             else:
-                client = distributed.Client(address, timeout="10s")
+                client = distributed.Client(address)
         except (OSError, TimeoutError, ValueError) as e:
             raise CheckpointError(f"scheduler {address!r}: no Dask scheduler answered "
                                   f"({type(e).__name__}: {e})") from None
@@ -194,6 +195,7 @@ class _ClusterOutput(_Output):
         self.dst.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.dst.parent / f".{self.dst.name}.partial-cluster"
         self.journal = None
+        self.keep = False  # a refused resume leaves the partial output for a right one
         path = self.tmp / _JOURNAL
         if resume:
             if not path.is_file():
@@ -248,7 +250,8 @@ class _ClusterOutput(_Output):
     def discard(self) -> None:
         if self.journal is not None:
             self.journal.close()
-        super().discard()
+        if not self.keep:
+            super().discard()
 
 
 # ---------------------------------------------------------------------------------------
@@ -417,7 +420,15 @@ def _checkpoint(src: str, state: str) -> Checkpoint:
 
 def _execute(task: _Task, it: _Item, work, src: str, state: str) -> dict:
     """Run one task on a worker: returns the input bytes it consumed, and the item's
-    record as the band left it (outputs, sizes, error sums)."""
+    record as the band left it (outputs, sizes, error sums). A refusal of the input comes
+    back as ``{"error": ...}``: running it again would not change it."""
+    try:
+        return _execute_once(task, it, work, src, state)
+    except (CheckpointError, SafetensorsError) as e:
+        return {"t": task.tid, "error": e}
+
+
+def _execute_once(task: _Task, it: _Item, work, src: str, state: str) -> dict:
     ck = _checkpoint(src, state)
     w = _Writer(task.path, task.places)
     try:
@@ -506,11 +517,13 @@ class _Runner:
         done: dict[int, dict] = {}
         if out.resumed:
             old, done = out.read_journal()
+            out.keep = True
             self._check_state(old, state, out)
             for path, size in zip(paths, sizes):
                 if not os.path.isfile(path) or os.path.getsize(path) != size:
                     raise CheckpointError(f"cannot resume {out.dst}: its partial shard "
                                           f"{os.path.basename(path)} is missing or cut short")
+            out.keep = False
             done = {t: e for t, e in done.items() if 0 <= t < len(tasks)}
         else:
             for path, head, size in zip(paths, heads, sizes):
@@ -561,6 +574,8 @@ class _Runner:
                    for t in todo]
         try:
             for _, entry in as_completed(futures, with_results=True):
+                if "error" in entry:
+                    raise entry["error"]
                 out.append(entry)
                 finish(entry)
         except BaseException:
