@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from .write import _bands, _check_space, _other_files, _Output, _shard
 COPY_PIECE = 256 << 20  # bytes of an unchanged tensor a task copies
 _JOURNAL = ".cuquant-journal"
 _RETRIES = 3  # a task that raises is run again this many times (a worker that dies: Dask's own)
+_SYNC_EVERY = 2.0  # seconds between journal writes: the shards written are synced first
 
 
 def on_cluster(fn, kwargs: dict):
@@ -237,10 +239,12 @@ class _ClusterOutput(_Output):
                 done[entry["t"]] = entry
         return state, done
 
-    def append(self, entry: dict) -> None:
+    def append(self, *entries: dict) -> None:
         self.journal.seek(0, os.SEEK_END)
-        self.journal.write(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
-        self.journal.flush()  # in the file once written: a client killed after it keeps it
+        self.journal.write(b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n"
+                                    for e in entries))
+        self.journal.flush()
+        os.fsync(self.journal.fileno())
 
     def commit(self) -> None:
         self.journal.close()
@@ -390,7 +394,6 @@ class _Writer:
         short = [n for n, p in self.places.items() if p is not None and self.done[n] != p[1]]
         if short:
             raise SafetensorsError(f"{self.path}: tensors left incomplete by a task: {short[:5]}")
-        os.fdatasync(self.fd)   # on disk before the client journals the task as done
 
     def close(self) -> None:
         os.close(self.fd)
@@ -533,7 +536,6 @@ class _Runner:
                     f.flush()
                     os.fsync(f.fileno())
             out.append(state)
-            os.fsync(out.journal.fileno())
 
         per_item: dict[int, list[int]] = {}
         for t in tasks:
@@ -555,12 +557,7 @@ class _Runner:
         todo = [t for t in tasks if t.tid not in done]
         if todo:
             self._submit(todo, work, state, digest, out, finish)
-        for path in paths:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        _sync(paths)
         return names, {"total_size": total}, weight_map
 
     def _submit(self, todo, work, state, digest, out, finish) -> None:
@@ -569,18 +566,30 @@ class _Runner:
         client = self.cluster.client
         token = uuid.uuid4().hex[:8]
         st = json.dumps(state["inputs"]) + digest
+        todo_path = {t.tid: t.path for t in todo}
         futures = [client.submit(_execute, t, self.items[t.item], work, self.src, st,
                                  key=f"cuquant-{token}-{t.tid}", retries=_RETRIES, pure=False)
                    for t in todo]
+        # A task is journaled as done once its bytes are on disk: the shards it wrote are
+        # synced (from here: a local filesystem syncs every writer's pages, a network one
+        # took them at the worker's close) before the journal lists it, a batch at a time.
+        pending: list[dict] = []
+        synced = time.monotonic()
         try:
             for _, entry in as_completed(futures, with_results=True):
                 if "error" in entry:
                     raise entry["error"]
-                out.append(entry)
+                pending.append(entry)
                 finish(entry)
+                if time.monotonic() - synced >= _SYNC_EVERY:
+                    _sync({todo_path[e["t"]] for e in pending})
+                    out.append(*pending)
+                    pending, synced = [], time.monotonic()
         except BaseException:
             client.cancel(futures)
             raise
+        _sync({todo_path[e["t"]] for e in pending})
+        out.append(*pending)
 
     @staticmethod
     def _check_state(old, new, out) -> None:
@@ -613,3 +622,12 @@ class _Runner:
                 noise += b
                 worst = _worse(worst, m)
             r.signal, r.noise, r.max_abs_err = signal, noise, worst
+
+
+def _sync(paths) -> None:
+    for path in sorted(paths):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -134,6 +134,8 @@ def test_worker_killed_mid_run(model, single, tmp_path):
 _CLIENT = """
 import os, signal, sys
 from cuquant import checkpoint as ckpt
+from cuquant.checkpoint import distributed
+distributed._SYNC_EVERY = 0   # a journal write after every task: the kill lands mid-journal
 seen = []
 def progress(done_t, total_t, done_b, total_b, name):
     seen.append(done_b)
