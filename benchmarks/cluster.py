@@ -1,6 +1,6 @@
 """The checkpoint command on one process against a local Dask cluster of N workers.
 
-    python -m benchmarks.cluster --size 3GB --workers 2,4
+    python -m benchmarks.cluster --size 3GB --workers 1,2,4
     python -m benchmarks.cluster --size 8GB --device cuda --workers 1 --format fp8-block
 
 Builds the demo's synthetic Llama-shaped model (bfloat16, `cuquant demo`'s weights) of at
@@ -33,7 +33,7 @@ def _args():
     p = argparse.ArgumentParser(prog="python -m benchmarks.cluster",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--size", default="3GB", help="model size in bfloat16 (default 3GB)")
-    p.add_argument("--workers", default="2,4", help="worker counts (default 2,4)")
+    p.add_argument("--workers", default="1,2,4", help="worker counts (default 1,2,4)")
     p.add_argument("--format", default="W8A8", help="the command's --format (default W8A8)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--stats", action="store_true", help="measure the error too (slower)")
@@ -82,16 +82,20 @@ def _local_cluster(n: int, device: str):
 
     import distributed
 
+    import dask
+
     kw = dict(n_workers=n, threads_per_worker=1, dashboard_address=":0",
               silence_logs=logging.CRITICAL)
-    if device == "cuda":
-        try:
-            from dask_cuda import LocalCUDACluster
+    # As `--scheduler local:N` starts them (cuquant/checkpoint/distributed.py).
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        if device == "cuda":
+            try:
+                from dask_cuda import LocalCUDACluster
 
-            return LocalCUDACluster(**kw), "LocalCUDACluster"
-        except ImportError:
-            pass
-    return distributed.LocalCluster(processes=True, **kw), "LocalCluster"
+                return LocalCUDACluster(**kw), "LocalCUDACluster"
+            except ImportError:
+                pass
+        return distributed.LocalCluster(processes=True, **kw), "LocalCluster"
 
 
 def main() -> int:
