@@ -246,3 +246,26 @@ def test_no_dask_without_a_scheduler(model, tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
     assert res.stdout.strip() == "[]"
+
+
+def test_partial_output_of_another_run(client, model, single, tmp_path):
+    """A partial output whose journal another command holds is refused; one left by a
+    dead command is replaced by a new run without resume."""
+    import fcntl
+
+    want, _ = single("W8A8")
+    partial = tmp_path / ".q.partial-cluster"
+    partial.mkdir()
+    (partial / "model-00001-of-00009.safetensors").write_bytes(b"stale")
+    with open(partial / ".cuquant-journal", "wb") as held:
+        held.write(b'{"cuquant": 1}\n')
+        held.flush()
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        for resume in (False, True):
+            with pytest.raises(CheckpointError, match="another run is writing it"):
+                ckpt.quantize_checkpoint(model, tmp_path / "q", "W8A8", scheduler=client,
+                                         resume=resume, **SMALL)
+        assert (partial / "model-00001-of-00009.safetensors").exists()
+    ckpt.quantize_checkpoint(model, tmp_path / "q", "W8A8", scheduler=client, **SMALL)
+    assert_same_output(want, tmp_path / "q")
+    assert not partial.exists()
