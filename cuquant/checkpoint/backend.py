@@ -36,6 +36,10 @@ class Backend:
         mem = self._pinned.malloc(-(-nbytes // _PINNED_UNIT) * _PINNED_UNIT)
         return np.ndarray(shape, dtype, buffer=mem)
 
+    def __reduce__(self):
+        # A cluster's task takes the backend of the machine it runs on.
+        return select_backend, (self.name,)
+
     def to_device(self, host: np.ndarray):
         if self.xp is np:
             return host

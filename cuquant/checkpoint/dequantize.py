@@ -28,7 +28,8 @@ from .write import _bands, _copy_raw, _finish, _prepare, _Progress, _run
 
 def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "auto",
                           max_shard_size="5GB", overwrite: bool = False, progress=None,
-                          chunk_elements: int | None = None) -> Report:
+                          chunk_elements: int | None = None, scheduler=None,
+                          resume: bool = False, _cluster=None) -> Report:
     """Restore a float checkpoint from a quantized one (any format of `FORMATS`, from
     cuquant or a DeepSeek-V3-style FP8 checkpoint from elsewhere).
 
@@ -38,7 +39,7 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
     dtype : {"bfloat16", "float16", "float32"}, optional
         The restored weights' type. By default the type recorded at quantization
         (``cuquant.source_dtype``), else config.json's ``torch_dtype``, else bfloat16.
-    device, max_shard_size, overwrite, progress, chunk_elements
+    device, max_shard_size, overwrite, progress, chunk_elements, scheduler, resume
         As in `quantize_checkpoint`.
 
     Raises
@@ -46,11 +47,19 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
     CheckpointError
         Among others, when quantized codes have no scale beside them.
     """
+    if scheduler is not None and _cluster is None:
+        kwargs = dict(locals())
+        from .distributed import on_cluster
+        return on_cluster(dequantize_checkpoint, kwargs)
+    if resume and _cluster is None:
+        from .distributed import _refuse_resume
+        _refuse_resume("dequantize_checkpoint")
     t0 = time.perf_counter()
     if dtype is not None and dtype not in _ST_OF_FLOAT:
         raise CheckpointError(f"dtype must be bfloat16, float16 or float32; got {dtype!r}")
     max_bytes = parse_size(max_shard_size)
-    backend = select_backend(device)
+    backend = select_backend(device) if _cluster is None else _cluster.backend
+    prepare, run = (_prepare, _run) if _cluster is None else (_cluster.prepare, _cluster.run)
     chunk = chunk_elements or (GPU_CHUNK if backend.name == "cuda" else CPU_CHUNK)
 
     with open_checkpoint(src) as ck:
@@ -103,7 +112,7 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
         report = Report("dequantize", str(src), str(dst), ",".join(sorted(formats)) or None,
                         backend.name, {"dtype": dtype, "max_shard_size": max_bytes}, stats=False)
         report.records = [it.record for it in items]
-        plan, extra, out = _prepare(ck, items, src, dst, overwrite, max_bytes)
+        plan, extra, out = prepare(ck, items, src, dst, overwrite, max_bytes)
         with out:
             prog = _Progress(progress, len(items), sum(it.record.bytes_in for it in items))
 
@@ -115,8 +124,8 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
                 else:
                     _dequantize_one(it, ck, w, p, backend, chunk)
 
-            names, index_meta, wmap = _run(plan, ck, out, lambda shard: {"format": "pt"},
-                                           work, prog)
+            names, index_meta, wmap = run(plan, ck, out, lambda shard: {"format": "pt"},
+                                          work, prog)
             cfg = None
             if ck.config is not None:
                 cfg = {k: v for k, v in ck.config.items() if k != "quantization_config"}
@@ -156,7 +165,7 @@ def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress
         if not m.symmetric:
             zeros_all = unpack_rows_4bit(np, read("zero"), m.n)
         align = 8 if not m.symmetric else 1
-        for r0, r1 in _bands(m.n, m.k, align, chunk):
+        for r0, r1 in _bands(m.n, m.k, align, chunk, it.rows):
             words = backend.to_device(read("packed", r0, r1))
             q = bytes_of_words(xp, words)          # [r, K/2] (4 bits) or [r, K] (8 bits)
             sc = read("scale", r0, r1)
@@ -175,7 +184,7 @@ def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress
                else cuquant.dequantize_fp8_per_row)
         block = m.strategy == "block"
         s_all = read("scale").astype(np.float32)
-        for r0, r1 in _bands(m.n, m.k, 128 if block else 1, chunk):
+        for r0, r1 in _bands(m.n, m.k, 128 if block else 1, chunk, it.rows):
             codes = read("codes", r0, r1)
             if block:
                 s = s_all[r0 // 128: _cdiv(r1, 128)]
@@ -201,7 +210,7 @@ def _dequantize_one(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _
     n, kq = it.src.shape
     k = 2 * kq if fmt.grouped else kq
     kw = {"group_size": g} if fmt.grouped else {}
-    for r0, r1 in _bands(n, k, fmt.row_align, chunk):
+    for r0, r1 in _bands(n, k, fmt.row_align, chunk, it.rows):
         codes = f.read_rows(it.src.name, r0, r1)
         s0, s1 = fmt.companion_rows(r0, r1, n, k, g)
         comp = fc.read_rows(it.companion.name, s0, s1)

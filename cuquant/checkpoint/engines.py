@@ -65,6 +65,12 @@ class EngineFormat:
     grouped: bool
     codes: str
 
+    @property
+    def row_align(self) -> int:
+        """Rows a band starts at a multiple of: 8 for the asymmetric packed format, whose
+        zero points are packed eight rows a word."""
+        return 8 if self.codes == "packed" and not self.symmetric else 1
+
     def unfit(self, n: int, k: int, dtype: str, g: int) -> str | None:
         """Why a float weight [n, k] of safetensors dtype `dtype` cannot take this format."""
         if self.codes in ("packed", "awq"):

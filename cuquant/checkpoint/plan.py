@@ -21,6 +21,7 @@ class _Item:
     group: int = 0
     companion: TensorInfo | None = None  # dequantize: the scale / params read beside
     out_dtype: str | None = None  # dequantize: the float type restored
+    rows: tuple[int, int] | None = None  # one band of rows only (a cluster's task)
 
     @property
     def out_bytes(self) -> int:

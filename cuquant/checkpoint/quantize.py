@@ -42,7 +42,8 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
                         default_skip: bool = True, scale_format: str = "float32",
                         group_size: int = 128, device: str = "auto",
                         max_shard_size="5GB", overwrite: bool = False, stats: bool = True,
-                        progress=None, chunk_elements: int | None = None) -> Report:
+                        progress=None, chunk_elements: int | None = None, scheduler=None,
+                        resume: bool = False, _cluster=None) -> Report:
     """Quantize the 2-D weight matrices of a safetensors checkpoint.
 
     Parameters
@@ -75,11 +76,26 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
         ``progress(tensors_done, tensors_total, bytes_done, bytes_total, name)``.
     chunk_elements : int, optional
         Elements per band of rows streamed through the quantizer.
+    scheduler : str or distributed.Client, optional
+        Run the bands on a Dask cluster whose workers see the same filesystem: a scheduler
+        address (``tcp://host:8786``), a scheduler file (``*.json``), ``"local:N"`` (N
+        worker processes on this machine) or a Client. The output is byte for byte the
+        one of a run without it (cuquant/checkpoint/distributed.py).
+    resume : bool
+        With `scheduler`: continue a run whose client died, redoing only the bands it had
+        not finished (refused when the input or the options changed).
 
     Returns
     -------
     Report
     """
+    if scheduler is not None and _cluster is None:
+        kwargs = dict(locals())
+        from .distributed import on_cluster
+        return on_cluster(quantize_checkpoint, kwargs)
+    if resume and _cluster is None:
+        from .distributed import _refuse_resume
+        _refuse_resume("quantize_checkpoint")
     import cuquant
 
     t0 = time.perf_counter()
@@ -102,7 +118,8 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
         fmt.function("quantize")
         fmt.function("dequantize")
     max_bytes = parse_size(max_shard_size)
-    backend = select_backend(device)
+    backend = select_backend(device) if _cluster is None else _cluster.backend
+    prepare, run = (_prepare, _run) if _cluster is None else (_cluster.prepare, _cluster.run)
     chunk = chunk_elements or (GPU_CHUNK if backend.name == "cuda" else CPU_CHUNK)
     patterns = (tuple(DEFAULT_SKIP) if default_skip else ()) + tuple(skip)
 
@@ -140,7 +157,7 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
         report.records = [it.record for it in items]
         report.warnings += _ignored_warnings(items)
         report.warnings += _unfit_warnings(items, fmt, group)
-        plan, extra, out = _prepare(ck, items, src, dst, overwrite, max_bytes)
+        plan, extra, out = prepare(ck, items, src, dst, overwrite, max_bytes)
         with out:
             meta = {"format": "pt", "cuquant.format": fmt.name,
                     "cuquant.version": cuquant.__version__}
@@ -174,14 +191,17 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
                 if it.fmt is None:
                     return _copy_reads(it)
                 n, k = it.src.shape
-                align = _engine_align(it.fmt) if engine else it.fmt.row_align
-                return [("rows", it.src.name, r0, r1) for r0, r1 in _bands(n, k, align, chunk)]
+                return [("rows", it.src.name, r0, r1)
+                        for r0, r1 in _bands(n, k, it.fmt.row_align, chunk)]
 
-            try:
-                names, index_meta, wmap = _run(plan, ck, out, metadata_for, work, prog, reads,
-                                               backend.host_buffer)
-            finally:
-                backend.release_host_memory()
+            if _cluster is not None:
+                names, index_meta, wmap = run(plan, ck, out, metadata_for, work, prog)
+            else:
+                try:
+                    names, index_meta, wmap = run(plan, ck, out, metadata_for, work, prog, reads,
+                                                  backend.host_buffer)
+                finally:
+                    backend.release_host_memory()
             index_meta.update({"cuquant_format": fmt.name, "cuquant_version": cuquant.__version__})
             if fmt.grouped:
                 index_meta["cuquant_group_size"] = group
@@ -299,7 +319,7 @@ def _quantize_one(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Pr
     kw = {"group_size": g} if fmt.grouped else {}
     signal = noise = 0.0
     worst = 0.0
-    for r0, r1 in _bands(n, k, fmt.row_align, chunk):
+    for r0, r1 in _bands(n, k, fmt.row_align, chunk, it.rows):
         host = f.read_rows(it.src.name, r0, r1)
         x = backend.to_device(host)
         if fmt.name == "fp8-block" and scale_format == "ue8m0":
@@ -337,12 +357,6 @@ _PER_CHANNEL = {
 }
 
 
-def _engine_align(fmt: EngineFormat) -> int:
-    """Rows a band of an engine format starts at a multiple of: 8 for the asymmetric packed
-    format, whose zero points are packed eight rows a word."""
-    return 8 if fmt.codes == "packed" and not fmt.symmetric else 1
-
-
 def _quantize_engine(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progress,
                      backend: Backend, chunk: int, stats: bool) -> None:
     """One weight in a compressed-tensors or AWQ format: bands of rows through the
@@ -361,7 +375,7 @@ def _quantize_engine(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: 
     signal = noise = 0.0
     worst = 0.0
     awq_codes, awq_scales, awq_zeros = [], [], []
-    for r0, r1 in _bands(n, k, _engine_align(fmt), chunk):
+    for r0, r1 in _bands(n, k, fmt.row_align, chunk, it.rows):
         host = f.read_rows(name, r0, r1)
         x = backend.to_device(host)
         if fmt.codes in _PER_CHANNEL:

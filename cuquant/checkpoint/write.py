@@ -275,8 +275,15 @@ def _copy_raw(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress: _Progre
     progress.advance(0, it.src.name, finished=True)
 
 
-def _bands(n: int, k: int, align: int, chunk: int):
+def _bands(n: int, k: int, align: int, chunk: int, only: tuple[int, int] | None = None):
+    """Bands of rows [r0, r1); with `only`, that band alone (it must be one of them)."""
     rows = max(align, (chunk // max(k, 1)) // align * align)
+    if only is not None:
+        r0, r1 = only
+        if r0 % rows or r1 != min(n, r0 + rows) or r0 >= n:
+            raise ValueError(f"rows {r0}:{r1} are not a band of {n} rows by {rows}")
+        yield r0, r1
+        return
     for r0 in range(0, n, rows):
         yield r0, min(n, r0 + rows)
 

@@ -51,10 +51,31 @@ class ProgressBar:
         self.stream.flush()
         self.drawn = True
 
+    def note(self, text: str) -> None:
+        """A line of its own above the bar (the cluster's workers and dashboard)."""
+        if self.tty and self.drawn:
+            self.stream.write("\r" + " " * (_columns() - 1) + "\r")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self.last = -1.0
+
     def close(self) -> None:
         if self.tty and self.drawn:
             self.stream.write("\n")
             self.stream.flush()
+
+
+class Notes:
+    """No progress bar, but the run's notes on stderr."""
+
+    def __call__(self, *progress) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
 
 
 def _columns() -> int:

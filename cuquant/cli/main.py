@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 from .. import __version__
-from .console import ProgressBar, summary, table
+from .console import Notes, ProgressBar, summary, table
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -26,8 +26,12 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def _progress_for(args, label: str):
     if args.progress is not None:  # asked for, or against, explicitly
-        return ProgressBar(label) if args.progress else None
-    return ProgressBar(label) if sys.stderr.isatty() and not args.quiet else None
+        bar = ProgressBar(label) if args.progress else None
+    else:
+        bar = ProgressBar(label) if sys.stderr.isatty() and not args.quiet else None
+    if bar is None and args.scheduler and not args.quiet:
+        return Notes()  # the cluster's line (workers, dashboard) still shows
+    return bar
 
 
 def _write_report(path: str | None, report) -> None:
@@ -57,7 +61,8 @@ def cmd_quantize(args) -> int:
             args.input, args.output, args.format, skip=args.skip,
             default_skip=not args.no_default_skip, scale_format=args.scale_format,
             group_size=args.group_size, device=args.device, max_shard_size=args.max_shard_size,
-            overwrite=args.overwrite, stats=not args.no_stats, progress=bar)
+            overwrite=args.overwrite, stats=not args.no_stats, progress=bar,
+            scheduler=args.scheduler, resume=args.resume)
     finally:
         if bar is not None:
             bar.close()
@@ -71,7 +76,8 @@ def cmd_dequantize(args) -> int:
     try:
         report = dequantize_checkpoint(args.input, args.output, dtype=args.dtype,
                                        device=args.device, max_shard_size=args.max_shard_size,
-                                       overwrite=args.overwrite, progress=bar)
+                                       overwrite=args.overwrite, progress=bar,
+                                       scheduler=args.scheduler, resume=args.resume)
     finally:
         if bar is not None:
             bar.close()
@@ -158,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--no-progress", dest="progress", action="store_false")
         sp.add_argument("-q", "--quiet", action="store_true",
                         help="no summary (and no progress unless --progress)")
+        sp.add_argument("--scheduler", metavar="ADDRESS",
+                        help="run on a Dask cluster whose workers see the same filesystem: "
+                             "its scheduler's address (tcp://host:8786), a scheduler file "
+                             "(.json), or local:N for N worker processes here (needs "
+                             "cuquant[dask]; the output is the same bytes)")
+        sp.add_argument("--resume", action="store_true",
+                        help="with --scheduler: continue a run whose client died, redoing "
+                             "only the unfinished bands")
 
     q = sub.add_parser(
         "quantize", help="quantize a checkpoint",
