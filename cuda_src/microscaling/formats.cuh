@@ -31,14 +31,13 @@ __device__ __forceinline__ float min_keep_nan(float v, u32 m_bits) {
 // f32(1/448) or f32(1/6) (rceil's d = amax * C(1/max)).
 template <int FMT>
 __device__ __forceinline__ u32 e8m0_byte(u32 amax, int mode, float inv_max) {
-    if (amax >= 0x7f800000u) return 0xffu;
-    if (mode == MX_RCEIL) {
-        const u32 d = f2u(mul_rn(u2f(amax), inv_max));
-        const u32 e = d >> 23, m = d & 0x7fffffu;
-        return e + (e > 0u ? (m != 0u) : (m > 0x400000u));
-    }
-    const int b = (int)(amax >> 23) - 127 - MxTraits<FMT>::EMAX;
-    return (u32)(imin(imax(b, -127), 128) + 127);
+    // Both rules without branches (mode is the same for every lane).
+    const u32 d = f2u(mul_rn(u2f(amax), inv_max));
+    const u32 e = d >> 23, m = d & 0x7fffffu;
+    const u32 rceil = e + (m > (e > 0u ? 0u : 0x400000u) ? 1u : 0u);
+    const int f = (int)(amax >> 23) - 127 - MxTraits<FMT>::EMAX;
+    const u32 floor = (u32)(imin(imax(f, -127), 128) + 127);
+    return amax >= 0x7f800000u ? 0xffu : mode == MX_RCEIL ? rceil : floor;
 }
 
 // 2**(127 - b), what a block's elements are multiplied by: b = 254 is subnormal, 255 NaN.
@@ -60,11 +59,27 @@ __device__ __forceinline__ float e8m0_value(u32 b) {
 // the ulp of M = 1.5 * 2**(E + 22): |v| + M rounds |v| to the grid (half to even: M's last
 // bit is 0), leaving n = |v| / step in its low bits, and the code is n + 2E.
 __device__ __forceinline__ u32 e2m1_magnitude(float v) {
-    float a;   // min.f32 takes the number when one operand is NaN
-    asm("min.f32 %0, %1, 0f40C00000;" : "=f"(a) : "f"(u2f(f2u(v) & 0x7fffffffu)));
+    // min takes the number when one operand is NaN; a subnormal |v| flushed to 0 by
+    // -ftz=true gives 0 all the same.
+    const float a = fminf(fabsf(v), 6.0f);
     const u32 eb = umax(f2u(a) & 0x7f800000u, 0x3f800000u);
     const u32 m = eb + 0x0b400000u;
     return f2u(add_rn(a, u2f(m))) - m + (eb >> 22) - 254u;
+}
+
+// The same for two quotients held as float16 pairs (low half first), which they are
+// exactly where it matters: an MX quotient of a 16-bit input is that input times a power of
+// two, exact in float16 from 2**-14 up (below, every code is 0) to the float16 maximum
+// (above, infinity saturates as well). The same steps on both halves at once: float16 has
+// 10 mantissa bits, so M = 1.5 * 2**(E + 9), and n + 2E = s - M + (eb >> 9) - 30 a half.
+// Returns the codes in bits 0-2 and 16-18.
+__device__ __forceinline__ u32 e2m1_magnitude_x2(u32 h) {
+    u32 a, s;
+    asm("min.f16x2 %0, %1, %2;" : "=r"(a) : "r"(h & 0x7fff7fffu), "r"(0x46004600u));
+    const u32 eb = max_u16x2(a & 0x7c007c00u, 0x3c003c00u);
+    const u32 m = eb + 0x26002600u;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(s) : "r"(a), "r"(m));
+    return s - eb + (eb >> 9) - 0x261e261eu;   // s - m + (eb >> 9) - 30, a half each
 }
 
 // e2m1 code with the sign in bit 3 (also for -0); NaN gives 0.

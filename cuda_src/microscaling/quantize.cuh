@@ -98,7 +98,20 @@ __device__ __forceinline__ void quantize_mx_vec(const Vec<Tin, VEC>& x, u32 amax
         store_code_vec<CodeE4M3, VEC>(q + e, encode_vec<CodeE4M3, VEC>(f));
     } else {
         u32 packed = 0;
-        if constexpr (ROUND == MX_NEAREST) {
+        if constexpr (ROUND == MX_NEAREST && FMT == MXFP4 && sizeof(Tin) == 2) {
+            // Two codes at once on float16 pairs (e2m1_magnitude_x2): the pair's signs (bits
+            // 15 and 31) shifted to bits 3 and 19 beside the codes, then the high half's
+            // nibble folded down to bits 4-7.
+            static_assert(VEC == 8 || VEC == 2, "16-bit vectors are 8 elements, or 2 unaligned");
+            u32 bytes[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+            for (int k = 0; k < VEC / 2; ++k) {
+                const u32 h = pack_pair<half>(f[2 * k], f[2 * k + 1]);
+                const u32 c = e2m1_magnitude_x2(h) | ((h >> 12) & 0x00080008u);
+                bytes[k] = c | (c >> 12);
+            }
+            packed = VEC == 8 ? pack_bytes(bytes[0], bytes[1], bytes[2], bytes[3]) : bytes[0] & 0xffu;
+        } else if constexpr (ROUND == MX_NEAREST) {
             // The sign of each quotient (x's: the multiplier is positive or NaN) into bit 3 of
             // its nibble, the magnitude's code below it.
 #pragma unroll
@@ -170,7 +183,8 @@ quantize_mx(const Tin* __restrict__ x, u8* __restrict__ q, u8* __restrict__ scal
         } else {
             amax = amax_in != nullptr ? *amax_in : amax_value;
         }
-        if (amax_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) amax_out[0] = amax;
+        if (amax_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+            amax_out[0] = is_nan(amax) ? u2f(F32_NAN) : amax;   // the canonical NaN
         const NvGlobal g = nv_global(amax);
         a.factor = mul_rn(g.enc, inv_max);
         a.dec = g.dec;

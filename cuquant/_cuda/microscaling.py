@@ -155,7 +155,7 @@ def quantize_nv(stream, x, t: FloatType, scale_layout: str, rounding: int, rbits
     dynamic = amax_value is None and device_amax is None
     value = 0.0 if amax_value is None else float(amax_value)
     key = ("nv", t.name, m, k, aligned, swizzled, rounding, dynamic, device_amax is None,
-           value, policy.key, xc.data.device_id)
+           _gpu.f32_bits(value), policy.key, xc.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         plan = _quantize_plan(key, t, NVFP4, m, k, aligned, "rceil", swizzled, rounding, dynamic,
@@ -202,8 +202,8 @@ def dequantize(stream, q, scales, global_amax, fmt: int, swizzled: bool, out: Fl
     value, device_amax = global_amax if global_amax is not None else (0.0, None)
     value = 0.0 if value is None else float(value)
     aligned = qc.data.ptr % 16 == 0
-    key = ("dq", fmt, out.name, m, k, swizzled, aligned, device_amax is None, value, policy.key,
-           qc.data.device_id)
+    key = ("dq", fmt, out.name, m, k, swizzled, aligned, device_amax is None,
+           _gpu.f32_bits(value), policy.key, qc.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         c = k // BLOCK[fmt]

@@ -99,7 +99,7 @@ def e2m1_stochastic(v: np.ndarray, words: np.ndarray) -> np.ndarray:
     top = lo_code >= 7
     hi_code = np.minimum(lo_code + 1, 7)
     lo, hi = E2M1_VALUES[lo_code], E2M1_VALUES[hi_code]
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         step = np.where(top, F32(1), hi - lo).astype(F32)
         frac = ((a - lo) / step).astype(F32)
         up = (words >> U32(8)).astype(F32) < (frac * F32(1 << 24)).astype(F32)
@@ -265,7 +265,7 @@ def quantize_nvfp4(x, global_amax=None, scale_layout="row", rounding="nearest", 
         v = (xb * r[..., None]).astype(F32).reshape(x32.shape)
     packed = pack_e2m1(_e2m1(v, rounding, rbits, seed))
     scales = swizzle(s.view(np.uint8)) if scale_layout == "swizzled" else s
-    return packed, scales, np.array([a], dtype=F32)
+    return packed, scales, _core.canonical_nan(np.array([a], dtype=F32), 0x7FFFFFFF)
 
 
 def dequantize_nvfp4(q, scales, global_amax, dtype: FloatType):

@@ -14,6 +14,7 @@ import pytest
 import cuquant as cq
 from _util import assert_same_bits
 from cuquant import testing
+from cuquant._core.dtypes import FLOATS
 from cuquant.zero_point import random_bits
 
 pytestmark = pytest.mark.gpu
@@ -144,6 +145,25 @@ def test_swizzled_padding_is_written(rng):
           cq.quantize_nvfp4(x, scale_layout="swizzled"), "nvfp4")
 
 
+VIEWS = {"column slice": lambda a: a[:, 32:288], "row stride": lambda a: a[::2],
+         "column stride": lambda a: a[:, ::2]}
+
+
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_non_contiguous_inputs(view, rng):
+    import cupy as cp
+
+    base = (rng.standard_normal((300, 512)) * 4).astype(np.float16)
+    pick = VIEWS[view]
+    for fn in (cq.quantize_mxfp8, cq.quantize_mxfp4, cq.quantize_nvfp4):
+        for layout in ("row", "swizzled"):
+            _same(fn(pick(cp.asarray(base)), scale_layout=layout), fn(pick(base), scale_layout=layout),
+                  f"{fn.__name__} {view} {layout}")
+    q, s = cq.quantize_mxfp8(base)     # every other row of codes and scales
+    _same(cq.dequantize_mxfp8(_dev(q)[::2], _dev(s)[::2], "float32"),
+          cq.dequantize_mxfp8(q[::2], s[::2], "float32"), "strided codes and scales")
+
+
 @pytest.mark.parametrize("out", DTYPES)
 def test_dequantizers(out, rng):
     """Every dequantizer build, both layouts, aligned and misaligned codes, NVFP4 rows of an
@@ -186,21 +206,33 @@ def test_every_scale_byte_and_code(rng):
                   cq.dequantize_nvfp4(q, s[:, :32], amax, out), f"{out} {amax}")
 
 
-def test_quotients_at_every_e2m1_boundary(rng):
-    """Quotients at the e2m1 grid's midpoints, one ulp either side, under a scale of 1."""
-    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
-    vals = np.concatenate([mids, np.nextafter(mids, 0), np.nextafter(mids, 10)])
-    x = np.zeros((64, 32), np.float32)
-    x[:, 0] = 6.0
-    x[:, 1:1 + vals.size] = vals * rng.choice([-1, 1], size=(64, vals.size))
-    x[:, 1 + vals.size:] = rng.uniform(-6, 6, size=(64, 31 - vals.size))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quotients_at_every_e2m1_boundary(dtype, rng):
+    """Quotients at the e2m1 grid's midpoints and one unit of x's dtype either side, under
+    block scales 2**j (row r: amax 6 * 2**j): the float16-pair encoder of 16-bit MX inputs
+    and the float32 one, nearest and stochastic."""
+    t = np.dtype(FLOATS[dtype].numpy)
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[t.itemsize]
+    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 6.0], np.float32)
+    base = mids.astype(t)
+    up = (base.view(bits) + 1).view(t)
+    down = (base.view(bits) - 1).view(t)
+    vals = np.concatenate([base, up, down]).astype(np.float32)        # 30 values
+    js = np.arange(-12, 13) if dtype == "float16" else np.arange(-40, 41)
+    x = np.zeros((len(js), 32), np.float32)
+    for r, j in enumerate(js):
+        x[r, 0] = 6.0 * 2.0 ** j
+        x[r, 1:31] = vals * 2.0 ** j * rng.choice([-1, 1], size=30)
+        x[r, 31] = rng.uniform(-6, 6) * 2.0 ** j
+    x = x.astype(t)
     r = rng.integers(0, 1 << 32, size=x.shape, dtype=np.uint32)
     for rounding, kw in (("nearest", {}), ("stochastic", {"rbits": r})):
         kd = {k: _dev(v) for k, v in kw.items()}
-        _same(cq.quantize_mxfp4(_dev(x), rounding=rounding, **kd),
-              cq.quantize_mxfp4(x, rounding=rounding, **kw), rounding)
+        for mode in ("rceil", "floor"):
+            _same(cq.quantize_mxfp4(_dev(x), mode, rounding=rounding, **kd),
+                  cq.quantize_mxfp4(x, mode, rounding=rounding, **kw), f"{dtype} {mode} {rounding}")
         _same(cq.quantize_nvfp4(_dev(x), 2688.0, rounding=rounding, **kd),
-              cq.quantize_nvfp4(x, 2688.0, rounding=rounding, **kw), rounding)
+              cq.quantize_nvfp4(x, 2688.0, rounding=rounding, **kw), f"{dtype} nvfp4 {rounding}")
 
 
 def test_seed_is_the_words_of_random_bits(rng):
