@@ -23,7 +23,8 @@ SCALE_MODES = {"rceil": 0, "floor": 1}   # MxScaleMode
 BLOCK = {MXFP8: 32, MXFP4: 32, NVFP4: 16}
 FP4 = (MXFP4, NVFP4)
 THREADS = 256
-TILE_VECTORS = 32 * 4  # a warp's tile (MxQuantShape's U = 4 vectors a lane)
+CHUNK_VECTORS = 2      # vectors a lane holds of one block (MxQuantShape's VPL)
+TILE_CHUNKS = 32 * 2   # a warp's tile (MxQuantShape's U = 2 chunks a lane)
 DEQUANT_UNROLL = 2
 
 _INV_MAX = {MXFP8: np.float32(1.0) / np.float32(448.0), MXFP4: np.float32(1.0) / np.float32(6.0),
@@ -96,18 +97,18 @@ def _quantize_plan(key, t, fmt, m, k, aligned, scale_mode, swizzled, rounding, g
                    amax_value, outputs, device):
     vec = t.vector_width if aligned else 2
     c = k // BLOCK[fmt]
-    nvec = m * k // vec
+    nchunks = m * k // (vec * CHUNK_VECTORS)
     expr = quantize_expr(t, fmt, vec, aligned, rounding, grid_amax)
     grid = 0
-    if nvec:
-        grid = -(-(-(-nvec // TILE_VECTORS)) // (THREADS // 32))
+    if nchunks:
+        grid = -(-(-(-nchunks // TILE_CHUNKS)) // (THREADS // 32))
         if grid_amax:  # the handshake needs a co-resident grid
             fn = _kernels.function(SRC, expr, device)
             grid = min(grid, _gpu.resident_blocks(fn, device, THREADS))
         else:
             grid = min(grid, 1 << 20)
     magic, shift = _gpu.fastdiv(max(c, 1))
-    args = (nvec, m, c, magic, shift, -(-c // 4), SCALE_MODES[scale_mode], int(swizzled),
+    args = (nchunks, m, c, magic, shift, -(-c // 4), SCALE_MODES[scale_mode], int(swizzled),
             int(_INV_MAX[fmt].view(np.uint32)), _gpu.f32_bits(amax_value))
     return _gpu.remember(_plans, key, QuantizePlan(expr, device, grid, outputs, args, grid_amax,
                                                    fmt == NVFP4, None))
