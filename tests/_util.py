@@ -19,8 +19,8 @@ def to_numpy(a) -> np.ndarray:
         t = a.detach().cpu()
         if t.dtype == torch.bfloat16:
             return t.view(torch.int16).numpy().view(np.uint16)
-        if t.dtype == getattr(torch, "float8_e4m3fn", None):
-            return t.view(torch.uint8).numpy()
+        if t.dtype.itemsize == 1 and t.dtype not in (torch.uint8, torch.int8, torch.bool):
+            return t.view(torch.uint8).numpy()   # float8 codes, E8M0 scales, packed float4
         return t.numpy()
     return np.asarray(a)
 

@@ -1,0 +1,283 @@
+// quantize_mx: MXFP8, MXFP4 and NVFP4 quantization in one launch.
+#pragma once
+#include "microscaling/formats.cuh"
+
+namespace cq {
+
+// ---------------------------------------------------------------------------------------
+// x [M, K] is read in chunks of CE = VPL * VEC elements, VPL vectors of 16 bytes a lane
+// (ALIGNED false: element by element, for inputs that are not 16-byte aligned). A block of
+// the format is LPB = BLOCK / CE consecutive lanes (one for NVFP4's 16-bit inputs), which
+// reduce its amax by shuffles; holding two vectors a lane halves what each element pays for
+// its block's scale. A warp takes tiles of 32 * U chunks (U * VPL loads in flight a lane),
+// every nwarps-th tile. Each element is read once, except NVFP4's tensor amax (GRID_AMAX):
+// the first pass reduces it over the grid (a co-resident grid, the handshake of
+// common/reduce.cuh in the stream's zeroed workspace ws), keeping each warp's first tile on
+// chip, and the second reads the rest again, the newest first, so that what is still in L2
+// is used.
+// Blocks a multiprocessor the registers are bounded for: the generator's state, and the
+// tensor-amax pass's first tile kept on chip, need more.
+template <int ROUND, bool GRID_AMAX> struct MxQuantShape {
+    static constexpr int U = 2, VPL = 2;
+    static constexpr int MIN_BLOCKS = ROUND == MX_PHILOX || GRID_AMAX ? 3 : 4;
+};
+
+struct MxArgs {
+    float inv_max;   // f32(1/448) or f32(1/6)
+    int mode;        // MxScaleMode (E8M0 formats)
+    float factor;    // NVFP4: f32(S_enc * C(1/6))
+    float dec;       // NVFP4: S_dec
+};
+
+// VPL consecutive vectors.
+template <typename Tin, int VEC, int VPL>
+struct Chunk {
+    Vec<Tin, VEC> v[VPL];
+};
+
+template <typename Tin, int VEC, int VPL, bool ALIGNED>
+__device__ __forceinline__ Chunk<Tin, VEC, VPL> load_chunk(const Tin* p) {
+    Chunk<Tin, VEC, VPL> c;
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+        if constexpr (ALIGNED) {
+            c.v[k] = load_vec<Tin, VEC>(p + k * VEC);
+        } else {
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) c.v[k].v[i] = p[k * VEC + i];
+        }
+    }
+    return c;
+}
+
+// The random words of elements e .. e + CE - 1 (CE and e multiples of 4).
+template <int CE, bool ALIGNED, int ROUND>
+__device__ __forceinline__ void random_words(u32* w, i64 e, const u32* __restrict__ rbits,
+                                             u32 seed_lo, u32 seed_hi) {
+    static_assert(CE % 4 == 0, "whole Philox blocks, whole 16-byte words");
+    if constexpr (ROUND == MX_RBITS) {
+#pragma unroll
+        for (int k = 0; k < CE / 4; ++k) {
+            if constexpr (ALIGNED) {
+                const Vec<u32, 4> r = load_vec<u32, 4>(rbits + e + 4 * k);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) w[4 * k + i] = r.v[i];
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) w[4 * k + i] = rbits[e + 4 * k + i];
+            }
+        }
+    } else if constexpr (ROUND == MX_PHILOX) {
+#pragma unroll
+        for (int k = 0; k < CE / 4; ++k) {
+            const Words4 b = philox_block((u64)(e >> 2) + k, seed_lo, seed_hi);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w[4 * k + i] = b.w[i];
+        }
+    }
+}
+
+// The e2m1 codes of CE quotients, packed two a byte (element 2i low), as CE / 8 words, or
+// for CE == 4 one 16-bit word in words[0].
+template <typename Tin, int FMT, int CE, bool ALIGNED, int ROUND>
+__device__ __forceinline__ void e2m1_words(const float* f, u32* words, i64 e,
+                                           const u32* __restrict__ rbits, u32 seed_lo,
+                                           u32 seed_hi) {
+    constexpr int NW = CE >= 8 ? CE / 8 : 1;
+    if constexpr (ROUND == MX_NEAREST && FMT == MXFP4 && sizeof(Tin) == 2) {
+        // Two codes at once on float16 pairs (e2m1_magnitude_x2): the pair's signs (bits
+        // 15 and 31) shifted to bits 3 and 19 beside the codes, then the high half's
+        // nibble folded down to bits 4-7.
+        u32 bytes[CE / 2];
+#pragma unroll
+        for (int k = 0; k < CE / 2; ++k) {
+            const u32 h = pack_pair<half>(f[2 * k], f[2 * k + 1]);
+            const u32 c = e2m1_magnitude_x2(h) | ((h >> 12) & 0x00080008u);
+            bytes[k] = c | (c >> 12);
+        }
+        if constexpr (CE >= 8) {
+#pragma unroll
+            for (int w = 0; w < NW; ++w)
+                words[w] = pack_bytes(bytes[4 * w], bytes[4 * w + 1], bytes[4 * w + 2], bytes[4 * w + 3]);
+        } else {
+            words[0] = prmt(bytes[0], bytes[1], 0x0040u);
+        }
+    } else if constexpr (ROUND == MX_NEAREST) {
+        // The sign of each quotient (x's: the multiplier is positive or NaN) into bit 3 of
+        // its nibble, the magnitude's code below it.
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            u32 packed = 0;
+#pragma unroll
+            for (int i = 0; i < (CE < 8 ? CE : 8); ++i) {
+                const float v = f[8 * w + i];
+                packed |= (e2m1_magnitude(v) << (4 * i)) | ((f2u(v) >> (28 - 4 * i)) & (8u << (4 * i)));
+            }
+            words[w] = packed;
+        }
+    } else {
+        u32 r[CE];
+        random_words<CE, ALIGNED, ROUND>(r, e, rbits, seed_lo, seed_hi);
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            u32 packed = 0;
+#pragma unroll
+            for (int i = 0; i < (CE < 8 ? CE : 8); ++i)
+                packed |= e2m1_stochastic(f[8 * w + i], r[8 * w + i]) << (4 * i);
+            words[w] = packed;
+        }
+    }
+}
+
+// Quantizes one chunk (elements e .. e + CE - 1) against its block's amax bits; lane
+// `first` of the block stores the scale byte at sidx.
+template <typename Tin, int FMT, int VEC, int VPL, bool ALIGNED, int ROUND>
+__device__ __forceinline__ void quantize_mx_chunk(const Chunk<Tin, VEC, VPL>& x, u32 amax, i64 e,
+                                                  u8* __restrict__ q, u8* __restrict__ scales,
+                                                  i64 sidx, bool first, const MxArgs& a,
+                                                  const u32* __restrict__ rbits, u32 seed_lo,
+                                                  u32 seed_hi) {
+    constexpr int CE = VEC * VPL;
+    u32 sb;
+    float mul;
+    if constexpr (FMT == NVFP4) {
+        sb = nv_scale_byte(amax, a.factor);
+        mul = nv_inverse(sb, a.dec);
+    } else {
+        sb = e8m0_byte<FMT>(amax, a.mode, a.inv_max);
+        mul = e8m0_inverse(sb);
+    }
+    if (first) scales[sidx] = (u8)sb;
+    float f[CE];
+#pragma unroll
+    for (int k = 0; k < VPL; ++k) unpack<Tin, VEC>(x.v[k], f + k * VEC);
+#pragma unroll
+    for (int i = 0; i < CE; ++i) f[i] = mul_rn(f[i], mul);
+    if constexpr (FMT == MXFP8) {
+        store_code_vec<CodeE4M3, CE>(q + e, encode_vec<CodeE4M3, CE>(f));
+    } else {
+        constexpr int NW = CE >= 8 ? CE / 8 : 1;
+        u32 words[NW];
+        e2m1_words<Tin, FMT, CE, ALIGNED, ROUND>(f, words, e, rbits, seed_lo, seed_hi);
+        // A quotient is NaN only where the block's multiplier is (a NaN element makes the
+        // block's scale NaN, an infinity times a finite multiplier stays infinite): then the
+        // whole chunk's codes are 0.
+        const bool nan = is_nan(mul);
+#pragma unroll
+        for (int w = 0; w < NW; ++w) words[w] = nan ? 0u : words[w];
+        u8* out = q + (e >> 1);
+        if constexpr (CE >= 8) {
+            Vec<u32, NW> o;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) o.v[w] = words[w];
+            store_vec<u32, NW>(reinterpret_cast<u32*>(out), o);
+        } else {
+            *reinterpret_cast<u16*>(out) = (u16)words[0];
+        }
+    }
+}
+
+template <typename Tin, int FMT, int VEC, bool ALIGNED, int ROUND, bool GRID_AMAX>
+__global__ void __launch_bounds__(256, MxQuantShape<ROUND, GRID_AMAX>::MIN_BLOCKS)
+quantize_mx(const Tin* __restrict__ x, u8* __restrict__ q, u8* __restrict__ scales,
+            float* __restrict__ amax_out, const u32* __restrict__ rbits,
+            const float* __restrict__ amax_in, u32* __restrict__ ws, i64 nchunks, i64 m, i64 c,
+            u32 c_magic, u32 c_shift, i64 cp4, int mode, int swizzled, float inv_max,
+            float amax_value, u32 seed_lo, u32 seed_hi) {
+    typedef MxQuantShape<ROUND, GRID_AMAX> Shape;
+    constexpr int THREADS = 256, BLOCK = MxTraits<FMT>::BLOCK, U = Shape::U, VPL = Shape::VPL;
+    constexpr int CE = VEC * VPL, LPB = BLOCK / CE, TILE = 32 * U;
+    static_assert(LPB >= 1 && LPB <= 32 && BLOCK % CE == 0, "a block is whole lanes");
+    typedef Chunk<Tin, VEC, VPL> ChunkT;
+    __shared__ u32 scratch[THREADS / 32 + 1];
+    const int lane = threadIdx.x & 31;
+    const i64 warp = ((i64)blockIdx.x * THREADS + threadIdx.x) >> 5;
+    const i64 nwarps = (i64)gridDim.x * (THREADS / 32);
+    const i64 ntiles = (nchunks + TILE - 1) / TILE;
+    const FastDiv cdiv{c, c_magic, c_shift};
+
+    MxArgs a;
+    a.inv_max = inv_max;
+    a.mode = mode;
+    a.factor = a.dec = 0.0f;
+    ChunkT cache[U];
+    if constexpr (FMT == NVFP4) {
+        float amax;
+        if constexpr (GRID_AMAX) {
+            AbsMax<Tin> acc;
+            for (i64 t = warp; t < ntiles; t += nwarps) {
+                ChunkT tmp[U];
+#pragma unroll
+                for (int j = 0; j < U; ++j) {
+                    const i64 ch = t * TILE + j * 32 + lane;
+                    if (ch < nchunks) tmp[j] = load_chunk<Tin, VEC, VPL, ALIGNED>(x + ch * CE);
+                }
+#pragma unroll
+                for (int j = 0; j < U; ++j) {
+                    if (t * TILE + j * 32 + lane < nchunks) {
+#pragma unroll
+                        for (int k = 0; k < VPL; ++k) acc.add(tmp[j].v[k]);
+                    }
+                    if (t == warp) cache[j] = tmp[j];
+                }
+            }
+            u32 bits = group_max<THREADS>(acc.bits(), scratch);
+            bits = grid_max(bits, ws, &scratch[THREADS / 32]);
+            amax = u2f(bits);
+        } else {
+            amax = amax_in != nullptr ? *amax_in : amax_value;
+        }
+        if (amax_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+            amax_out[0] = is_nan(amax) ? u2f(F32_NAN) : amax;   // the canonical NaN
+        const NvGlobal g = nv_global(amax);
+        a.factor = mul_rn(g.enc, inv_max);
+        a.dec = g.dec;
+    }
+
+    auto tile = [&](i64 t, bool cached) {
+        ChunkT val[U];
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            const i64 ch = t * TILE + j * 32 + lane;
+            if (cached) {
+                val[j] = cache[j];
+            } else if (ch < nchunks) {
+                val[j] = load_chunk<Tin, VEC, VPL, ALIGNED>(x + ch * CE);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            const i64 ch = t * TILE + j * 32 + lane;
+            const bool live = ch < nchunks;
+            AbsMax<Tin> acc;
+            if (live) {
+#pragma unroll
+                for (int k = 0; k < VPL; ++k) acc.add(val[j].v[k]);
+            }
+            const u32 amax = lanes_max<LPB>(acc.bits());   // every lane takes part
+            if (live) {
+                const i64 blk = ch / LPB;
+                i64 sidx = blk;
+                if (swizzled) {
+                    const i64 r = cdiv.div(blk);
+                    sidx = swizzled_index(r, blk - r * c, cp4);
+                }
+                quantize_mx_chunk<Tin, FMT, VEC, VPL, ALIGNED, ROUND>(
+                    val[j], amax, ch * CE, q, scales, sidx, lane % LPB == 0, a, rbits, seed_lo, seed_hi);
+            }
+        }
+    };
+
+    if constexpr (FMT == NVFP4 && GRID_AMAX) {
+        if (warp < ntiles) {
+            const i64 last = warp + ((ntiles - 1 - warp) / nwarps) * nwarps;
+            for (i64 t = last; t > warp; t -= nwarps) tile(t, false);
+            tile(warp, true);
+        }
+    } else {
+        for (i64 t = warp; t < ntiles; t += nwarps) tile(t, false);
+    }
+    if (swizzled) zero_swizzle_padding(scales, m, c, cp4);
+}
+
+}  // namespace cq
