@@ -342,7 +342,7 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
         _shape_is(scale, (n, 1), "[N, 1]")
         g = k
     elif strategy == "tensor":
-        if scale.numel() != 1:
+        if scale.numel != 1:
             raise _bad(scale.name, f"shape {list(scale.shape)}, expected one value (tensor)")
         g = k
     elif strategy == "block" and kind == "fp8" and w.get("block_structure") in ([128, 128],):
