@@ -29,7 +29,9 @@ STORED = {"fp8-block": ("weight", "weight_scale_inv"), "W8A8": ("weight", "weigh
           "W4A16": ("weight_packed", "weight_scale", "weight_shape"),
           "W4A16_ASYM": ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point"),
           "W8A16": ("weight_packed", "weight_scale", "weight_shape"),
-          "AWQ": ("qweight", "qzeros", "scales")}
+          "AWQ": ("qweight", "qzeros", "scales"),
+          "NVFP4": ("weight_packed", "weight_scale", "weight_global_scale"),
+          "MXFP4": ("weight_packed", "weight_scale")}
 
 
 @pytest.fixture
@@ -364,8 +366,8 @@ BAD_INPUTS = [
     ("W4A16", None, lambda qc: qc.pop("config_groups"), ["no config_groups"]),
     ("W4A16", None, lambda qc: qc.update(quantization_status="frozen"),
      ["quantization_status", "'frozen'"]),
-    ("W4A16", None, lambda qc: qc["config_groups"]["group_0"].update(format="nvfp4-pack-quantized"),
-     ["'nvfp4-pack-quantized'", "does not read"]),
+    ("W4A16", None, lambda qc: qc["config_groups"]["group_0"].update(format="marlin-24"),
+     ["'marlin-24'", "does not read"]),
     ("W4A16", None, lambda qc: qc["config_groups"]["group_0"]["weights"].update(group_size=100),
      ["group_size 100", "does not divide K=256", "weight_packed"]),
     ("W4A16", None, lambda qc: qc["config_groups"]["group_0"]["weights"].update(num_bits=2),
