@@ -93,16 +93,17 @@ def fp4_values(packed):
     return E2M1[codes & 7] * sign
 
 
-def fp4_reference(files: dict, base: str, scheme: str):
-    """The weight the format defines for module `base`, in bfloat16: NVFP4 multiplies each
-    code by f32(s) / global_scale (compressed-tensors' order), MXFP4 by 2**(b - 127)."""
+def fp4_reference(files: dict, base: str, scheme: str, dtype=None):
+    """The weight the format defines for module `base`, rounded once to `dtype` (bfloat16 by
+    default): NVFP4 multiplies each code by f32(s) / global_scale (compressed-tensors'
+    order), MXFP4 by 2**(b - 127)."""
     q = fp4_values(files[base + "weight_packed"])
     s = files[base + "weight_scale"]
     if scheme == "NVFP4":
         d = s.float() / files[base + "weight_global_scale"].float()
     else:
         d = torch.pow(2.0, s.double() - 127).float()        # exact in float64, then float32
-    return (q * d.repeat_interleave(BLOCK[scheme], dim=1)).to(torch.bfloat16)
+    return (q * d.repeat_interleave(BLOCK[scheme], dim=1)).to(dtype or torch.bfloat16)
 
 
 def library_codes(w, scheme: str):
@@ -174,6 +175,41 @@ def test_transformers_loads_fp4(llama, tmp_path, scheme, device):
     model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert_clean_load(info)
     assert torch.equal(logits(model.eval(), ids), want)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_other_model_dtypes(tmp_path, scheme, dtype):
+    # compressed-tensors 0.20.1 decompresses to bfloat16 whatever the model's dtype (its
+    # unpack_fp4_from_uint8 defaults to it) and transformers converts that: NVFP4's products
+    # are rounded twice there, once by cuquant dequantize; MXFP4's are exact in bfloat16.
+    torch.manual_seed(2)
+    dt = getattr(torch, dtype)
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=256, tie_word_embeddings=False)
+    src, out, back = tmp_path / "src", tmp_path / "q", tmp_path / "back"
+    transformers.LlamaForCausalLM(cfg).to(dt).save_pretrained(src)
+    assert main(["quantize", str(src), str(out), "-f", scheme, "--device", "cpu", "-q"]) == 0
+    assert main(["dequantize", str(out), str(back), "--device", "cpu", "-q"]) == 0
+    files, ours = read_all(out), read_all(back)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        out, quantization_config=dequantizing())
+    checked = differ = 0
+    for name, w in linear_weights(loaded).items():
+        base = name[: -len("weight")]
+        if base + "weight_packed" not in files:
+            continue
+        once = fp4_reference(files, base, scheme, dt)
+        assert ours[name].dtype == dt and torch.equal(ours[name], once), name
+        if scheme == "MXFP4":
+            assert torch.equal(w, once), name
+        else:
+            assert torch.equal(w, fp4_reference(files, base, scheme).to(dt)), name
+            differ += not torch.equal(w, once)
+        checked += 1
+    assert checked == 7
+    assert differ == (7 if scheme == "NVFP4" else 0)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
