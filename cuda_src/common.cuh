@@ -9,7 +9,7 @@
 // written as explicit PTX without .ftz, and maxima are taken on the float bits.
 //
 // The parts, each in common/: base (types, traits, bit casts), arith (float arithmetic,
-// division), convert, vector (memory access), codes, scale (scale rules), reduce.
+// division), convert, vector (memory access), codes, scale (scale rules), reduce, random (Philox).
 #pragma once
 #include "common/base.cuh"
 #include "common/arith.cuh"
@@ -18,3 +18,4 @@
 #include "common/codes.cuh"
 #include "common/scale.cuh"
 #include "common/reduce.cuh"
+#include "common/random.cuh"

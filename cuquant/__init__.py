@@ -15,6 +15,8 @@ from .int8 import (dequantize_int8_per_block, dequantize_int8_per_channel,
 from .groupwise import (dequantize_groupwise, dequantize_groupwise_batched,
                         dequantize_int4_per_group, quantize_groupwise, quantize_int4_per_group)
 from .zero_point import dequantize_groupwise_zero_point, quantize_groupwise_zero_point
+from .microscaling import (dequantize_mxfp4, dequantize_mxfp8, dequantize_nvfp4, quantize_mxfp4,
+                           quantize_mxfp8, quantize_nvfp4)
 
 __version__ = "0.1.0"
 
@@ -28,5 +30,7 @@ __all__ = [
     "quantize_groupwise", "dequantize_groupwise", "dequantize_groupwise_batched",
     "quantize_int4_per_group", "dequantize_int4_per_group",
     "quantize_groupwise_zero_point", "dequantize_groupwise_zero_point",
+    "quantize_mxfp8", "dequantize_mxfp8", "quantize_mxfp4", "dequantize_mxfp4",
+    "quantize_nvfp4", "dequantize_nvfp4",
     "KernelPolicy", "DEFAULT_POLICY",
 ]

@@ -28,6 +28,7 @@ template <typename A> struct IsSame<A, A> { static constexpr bool value = true; 
 __device__ __forceinline__ u32 f2u(float f) { return __float_as_uint(f); }
 __device__ __forceinline__ float u2f(u32 u) { return __uint_as_float(u); }
 __device__ __forceinline__ u32 umax(u32 a, u32 b) { return a > b ? a : b; }
+__device__ __forceinline__ u32 umin(u32 a, u32 b) { return a < b ? a : b; }
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ bool is_nan(float v) { return (f2u(v) & 0x7fffffffu) > 0x7f800000u; }

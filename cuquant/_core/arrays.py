@@ -15,11 +15,27 @@ import ml_dtypes
 import numpy as np
 
 from . import replay as _fast
+from .dtypes import BYTE_CODES
 
 HOST = -1
 
 _FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+_U8 = np.dtype(np.uint8)
+# Byte-code dtypes by the NumPy dtype, their name in torch and JAX (the dtype table's).
+_BYTE_NAMES = {np.dtype(d): name for name, d in BYTE_CODES.items()}
+# torch's one-byte float dtypes taken in as bytes, and the NumPy dtype of their host view:
+# float4_e2m1fn_x2 holds two e2m1 codes a byte, as cuquant's uint8 packing does.
+_TORCH_BYTES = {**{name: np.dtype(d) for name, d in BYTE_CODES.items()},
+                "float4_e2m1fn_x2": _U8}
+_torch_bytes: dict = {}  # the same by torch dtype, made at the first torch tensor
+
+
+def _torch_byte_dtypes(torch) -> dict:
+    for name, d in _TORCH_BYTES.items():
+        if hasattr(torch, name):
+            _torch_bytes[getattr(torch, name)] = d
+    return _torch_bytes
 
 
 class In:
@@ -142,14 +158,15 @@ def _from_torch(x, op, arg, stream):
     y = x
     if dt == torch.bfloat16:
         y, view_as = x.view(torch.int16), _BF16
-    elif dt == getattr(torch, "float8_e4m3fn", None):
-        y, view_as = x.view(torch.uint8), _FP8
+    elif dt in (_torch_bytes or _torch_byte_dtypes(torch)):
+        # float8 codes, E8M0 scales, packed float4 pairs: their bytes, seen as uint8
+        y, view_as = x.view(torch.uint8), _torch_bytes[dt]
     if x.is_cuda:
         cp = require_cupy(op)
         data = _cupy_from_dlpack(cp, y, stream)
         if view_as is _BF16:
             data = data.view(_BF16)
-        # fp8 stays uint8 on the CuPy side: CuPy has no float8 dtype.
+        # byte codes stay uint8 on the CuPy side: CuPy has no float8 dtype.
         return In(data, "torch", x.device.index, x)
     if x.device.type != "cpu":
         raise ValueError(f"{op}: {arg} is on device {x.device}; cuquant runs on CPU and CUDA")
@@ -173,7 +190,7 @@ def _from_jax(x, op, arg, stream):
         raise ValueError(f"{op}: {arg} is on a {dev.platform} device; cuquant runs on CPU and CUDA")
     cp = require_cupy(op)
     y = x
-    if x.dtype == _FP8:
+    if x.dtype in _BYTE_NAMES:
         y = jax.lax.bitcast_convert_type(x, np.uint8)
     elif x.dtype == _BF16:
         y = jax.lax.bitcast_convert_type(x, np.int16)
@@ -186,9 +203,10 @@ def _from_jax(x, op, arg, stream):
 # ---------------------------------------------------------------------------------------
 # Out
 
-def outcome(like: In, data, fp8: bool = False):
+def outcome(like: In, data, fp8=False):
     """Hand one backend array back in the family of `like`, on its device. `fp8` marks a
-    CuPy uint8 array that holds float8_e4m3fn codes."""
+    CuPy uint8 array that holds float8_e4m3fn codes (True), or names the byte-code dtype it
+    holds (a NumPy dtype of the dtype table's BYTE_CODES)."""
     family = like.family
     if family == "numpy" or family == "cupy":
         return data
@@ -197,22 +215,31 @@ def outcome(like: In, data, fp8: bool = False):
     return _to_jax(like, data, fp8)
 
 
-def as_torch(data, fp8: bool = False):
+def _byte_name(fp8) -> str | None:
+    """The torch / JAX name of the byte codes that `fp8` (see outcome) marks, or None."""
+    if fp8 is True:
+        return "float8_e4m3fn"
+    return _BYTE_NAMES.get(fp8) if fp8 else None
+
+
+def as_torch(data, fp8=False):
     """A NumPy or CuPy array as a torch tensor on its device, without a copy: bfloat16 and
-    float8_e4m3fn through integer views; `fp8` marks a CuPy uint8 array of fp8 codes.
-    torch must be imported already."""
+    byte codes (float8_e4m3fn, float8_e8m0fnu) through integer views; `fp8` marks a CuPy
+    uint8 array of byte codes (see outcome). torch must be imported already."""
     torch = sys.modules["torch"]
     dt = data.dtype
     if isinstance(data, np.ndarray):
         if dt == _BF16:
             return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
-        if dt == _FP8:
-            return torch.from_numpy(data.view(np.uint8)).view(torch.float8_e4m3fn)
+        name = _BYTE_NAMES.get(dt)
+        if name is not None:
+            return torch.from_numpy(data.view(np.uint8)).view(getattr(torch, name))
         return torch.from_numpy(data)
     if dt == _BF16:
         return torch.from_dlpack(data.view(np.int16)).view(torch.bfloat16)
     out = torch.from_dlpack(data)
-    return out.view(torch.float8_e4m3fn) if fp8 else out
+    name = _byte_name(fp8)
+    return out.view(getattr(torch, name)) if name else out
 
 
 def _to_jax(like, data, fp8):
@@ -224,7 +251,8 @@ def _to_jax(like, data, fp8):
     if data.dtype == _BF16:
         return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(data.view(np.int16)), _BF16)
     out = jax.dlpack.from_dlpack(data)
-    return jax.lax.bitcast_convert_type(out, _FP8) if fp8 else out
+    name = _byte_name(fp8)
+    return jax.lax.bitcast_convert_type(out, BYTE_CODES[name]) if name else out
 
 
 # ---------------------------------------------------------------------------------------

@@ -59,8 +59,17 @@ E4M3 = CodeType("float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), "cq::CodeE4M
 INT4 = CodeType("int4", np.dtype(np.int8), "", -8, 7)  # two's complement nibbles, packed
 UINT4 = CodeType("uint4", np.dtype(np.uint8), "", 0, 15)  # zero-point codes, packed
 UINT8 = CodeType("uint8", np.dtype(np.uint8), "", 0, 255)
+# Microscaling (docs/formats.md section 9): e2m1 codes packed two a byte (element 2i in the
+# low nibble), and E8M0 scales, a byte b meaning 2**(b - 127) (0xFF NaN).
+E2M1 = CodeType("float4_e2m1fn", np.dtype(np.uint8), "", -6.0, 6.0)
+E8M0 = CodeType("float8_e8m0fnu", np.dtype(ml_dtypes.float8_e8m0fnu), "", 2.0 ** -127, 2.0 ** 127)
 
-CODES = {t.name: t for t in (INT8, E4M3, INT4, UINT4, UINT8)}
+CODES = {t.name: t for t in (INT8, E4M3, INT4, UINT4, UINT8, E2M1, E8M0)}
+
+# One-byte codes that frameworks hold in a dtype of their own but CuPy (no such dtypes) and
+# DLPack carry as uint8: the NumPy dtype of each, by its name in torch and JAX, which name
+# them alike. Arrays of these cross as uint8 and are viewed back on the far side.
+BYTE_CODES = {E4M3.name: E4M3.numpy, E8M0.name: E8M0.numpy}
 
 # NumPy dtypes by name, for everything an array may arrive as.
 _BY_NUMPY = {t.numpy: t for t in FLOATS.values()}

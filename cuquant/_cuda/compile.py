@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from . import groupwise, symmetric, zero_point
+from . import groupwise, microscaling, symmetric, zero_point
 from .kernels import OPTIONS, source
 
 
@@ -14,7 +14,7 @@ def all_specializations() -> dict[str, list[str]]:
     """Every name expression the library can launch, by source file."""
 
     table: dict[str, list[str]] = {}
-    for family in (symmetric, groupwise, zero_point):
+    for family in (symmetric, groupwise, zero_point, microscaling):
         for src, expr in family.specializations():
             table.setdefault(src, []).append(expr)
     return table

@@ -25,7 +25,8 @@ NULL = np.uint64(0)  # a null pointer argument
 def run(like, stream, fn, *args):
     """Call fn(cupy_stream, *args) on the device of `like` with `stream` current (kernels
     launch on the current stream), and hand its results back in the caller's family. fn
-    returns (arrays, fp8): a tuple of CuPy arrays, and whether the first holds fp8 codes."""
+    returns (arrays, fp8): a tuple of CuPy arrays, and whether the first holds fp8 codes, or
+    a tuple naming each array's byte-code dtype (a NumPy dtype, or None)."""
     if stream is None and _get_device() == like.device:
         arrays, fp8 = fn(_current_stream(), *args)
     else:
@@ -37,7 +38,10 @@ def run(like, stream, fn, *args):
                 with stream:
                     arrays, fp8 = fn(stream, *args)
     if like.family != "cupy":
-        arrays = tuple([outcome(like, r, fp8 and i == 0) for i, r in enumerate(arrays)])
+        if type(fp8) is tuple:  # the byte-code dtype of each output (None: none)
+            arrays = tuple([outcome(like, r, k) for r, k in zip(arrays, fp8)])
+        else:
+            arrays = tuple([outcome(like, r, fp8 and i == 0) for i, r in enumerate(arrays)])
     return arrays[0] if len(arrays) == 1 else arrays
 
 

@@ -9,11 +9,11 @@ large inputs on the device."""
 
 from __future__ import annotations
 
-from . import groups, symmetric
+from . import groups, microscaling, symmetric
 from .ops import (BENCH_SHAPES, F, H, HEADLINE, SMALL_SHAPES, TEST_SHAPES_2D, Op,
                   float_input)
 
-OPS: list[Op] = symmetric.OPS + groups.OPS
+OPS: list[Op] = symmetric.OPS + groups.OPS + microscaling.OPS
 
 
 def all_ops() -> list[Op]:

@@ -19,6 +19,7 @@ from cuquant._core.dtypes import E4M3, FLOATS, INT8
 pytestmark = pytest.mark.gpu
 
 OPS = testing.all_ops()
+_BYTE_CODES = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e8m0fnu))
 VARIANT_SHAPES = ((37, 999), (130, 257), (64, 7168), (3, 16400))
 
 
@@ -43,14 +44,14 @@ def _run_both(op, args, kwargs):
 
     host = op.fn(*args, **kwargs)
 
-    def dev(a):  # CuPy holds float8 as its uint8 codes; batches are converted item by item
+    def dev(a):  # CuPy holds byte codes as uint8; batches are converted item by item
         if isinstance(a, (list, tuple)):
             return type(a)(dev(b) for b in a)
         if isinstance(a, dict):
             return {k: dev(b) for k, b in a.items()}
         if not isinstance(a, np.ndarray):
             return a
-        return cp.asarray(a.view(np.uint8) if a.dtype == ml_dtypes.float8_e4m3fn else a)
+        return cp.asarray(a.view(np.uint8) if a.dtype in _BYTE_CODES else a)
 
     dev_args = [dev(a) for a in args]
     dev_kwargs = {k: dev(v) for k, v in kwargs.items()}
@@ -80,8 +81,11 @@ LARGE_SHAPES = ((4096, 7168), testing.HEADLINE)
 
 def _large_cases():
     """Every INT8 and FP8 op in bfloat16: each variant at 4096 x 7168, the first also at
-    the benchmark's headline shape."""
+    the benchmark's headline shape; the microscaling ops' first variant at 4096 x 7168."""
     for op in OPS:
+        if op.family == "microscaling":  # the first variant at 4096 x 7168
+            yield pytest.param(op, LARGE_SHAPES[0], op.variants[0],
+                               id=f"{_name(op)}-{LARGE_SHAPES[0]}-{op.variants[0]}")
         if op.family not in ("int8", "fp8"):
             continue
         for shape in LARGE_SHAPES:
@@ -93,9 +97,12 @@ def _large_cases():
 def test_large_shapes_match_numpy(op, shape, variant, rng):
     """At the benchmark's shapes, where the row, block and tile kernels run their full
     grids. A quantizer's input holds a zero row, a NaN, infinities and a row of bfloat16
-    subnormals, except per-tensor dynamic scaling's, whose one scale a NaN would make NaN."""
+    subnormals, except per-tensor dynamic scaling's (and NVFP4's global amax), whose one
+    scale a NaN would make NaN."""
     args, kwargs = op.make(np, rng, shape, "bfloat16", **variant)
-    if op.kind == "quantize" and not (op.name.endswith("per_tensor") and "scale" not in kwargs):
+    one_scale = ((op.name.endswith("per_tensor") and "scale" not in kwargs)
+                 or (op.name == "quantize_nvfp4" and "global_amax" not in kwargs))
+    if op.kind == "quantize" and not one_scale:
         x = args[0]
         x[1] = 0.0
         x[2, 7] = np.nan
