@@ -17,6 +17,7 @@ from .backend import Backend
 from .engines import nibbles
 from .formats import CheckpointError
 from .report import _worse
+from .write import _bands
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 
@@ -105,8 +106,6 @@ def quantize_fp4_weight(it, ck, w, progress, backend: Backend, chunk: int, stats
     """
     import cuquant
 
-    from .write import _bands
-
     fmt = it.fmt
     name = it.src.name
     f = ck.file_of(name)
@@ -124,10 +123,10 @@ def quantize_fp4_weight(it, ck, w, progress, backend: Backend, chunk: int, stats
         if nv:
             q, sc, ga = cuquant.quantize_nvfp4(x, global_amax=amax if amax else None)
             if s_enc is None:
-                a = np.asarray(backend.to_host(ga), np.float32).reshape(-1)[0]
-                if not np.isfinite(a):
+                got = np.asarray(backend.to_host(ga), np.float32).reshape(-1)[0]
+                if not np.isfinite(got):
                     raise _not_finite(name, fmt)
-                s_enc = encode_scale(a)
+                s_enc = encode_scale(got)
             sc_host = np.asarray(backend.to_host(sc))
         else:
             q, sc = cuquant.quantize_mxfp4(x, scale_mode="rceil")
@@ -159,8 +158,6 @@ def dequantize_fp4_module(m, read, w, out_name: str, progress, backend: Backend,
                           chunk: int) -> None:
     """Restore an NVFP4 or MXFP4 module's weight in bands of rows; `read(role, r0, r1)`
     reads its tensors."""
-    from .write import _bands
-
     gs = None
     if m.kind == "nvfp4":
         gs = np.asarray(read("global_scale"), np.float32).reshape(-1)[0]
