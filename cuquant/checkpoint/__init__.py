@@ -8,14 +8,14 @@ rows, so host memory stays near one band, never one model. The output is written
 temporary name beside its final one and renamed only when complete.
 
 The command writes the formats inference engines load (`COMMAND_FORMATS`): the
-compressed-tensors schemes and AWQ of `ENGINE_FORMATS` (cuquant/checkpoint/engines.py), and
-DeepSeek-V3's fp8-block. `FORMATS` holds cuquant's own layouts: fp8-block, and the
-formats no engine loads (int8-channel, int4-group, fp8-row), which Python callers may still
-write (``quant_method: "cuquant"``) and which `dequantize_checkpoint` and
-`inspect_checkpoint` still read. Each entry of `FORMATS` names the library functions that
-quantize and dequantize it, and the tensors it writes for a weight ``W``: the codes under
-the weight's own name, and one float32 companion (the scale, or DeepSpeed's params) under
-``W + suffix``.
+compressed-tensors schemes (NVFP4 and MXFP4 among them, `FP4_FORMATS`) and AWQ of
+`ENGINE_FORMATS` (cuquant/checkpoint/engines.py), and DeepSeek-V3's fp8-block. `FORMATS`
+holds cuquant's own layouts: fp8-block, and the formats no engine loads (int8-channel,
+int4-group, fp8-row), which Python callers may still write (``quant_method: "cuquant"``)
+and which `dequantize_checkpoint` and `inspect_checkpoint` still read. Each entry of
+`FORMATS` names the library functions that quantize and dequantize it, and the tensors it
+writes for a weight ``W``: the codes under the weight's own name, and one float32 companion
+(the scale, or DeepSpeed's params) under ``W + suffix``.
 
 `dequantize_checkpoint` and `inspect_checkpoint` also read compressed-tensors and AWQ
 checkpoints made by other tools (llm-compressor, AutoAWQ), from config.json's
@@ -33,6 +33,8 @@ from .engines import (
     AWQ_ORDER,
     ENGINE_FORMATS,
     EngineFormat,
+    FP4_FORMATS,
+    FP4Format,
 )
 from .formats import (
     ceil_pow2,
@@ -77,6 +79,8 @@ __all__ = [
     "ENGINE_FORMATS",
     "EngineFormat",
     "FORMATS",
+    "FP4_FORMATS",
+    "FP4Format",
     "SCALE_FORMATS",
     "Backend",
     "Checkpoint",

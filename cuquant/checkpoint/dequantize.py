@@ -9,6 +9,7 @@ import numpy as np
 from .backend import Backend, select_backend
 from .engines import awq_unpack, bytes_of_words, pack_nibbles, unpack_rows_4bit
 from .formats import _cdiv, _ST_OF_FLOAT, CheckpointError, CPU_CHUNK, GPU_CHUNK, parse_size
+from .microscaling import dequantize_fp4_module
 from .plan import _Item
 from .read import (
     _engine_modules,
@@ -159,6 +160,8 @@ def _dequantize_module(it: _Item, ck: Checkpoint, w: SafetensorsWriter, progress
                                                     bits=4)
         w.write(out_name, backend.to_host(x))
         progress.advance(it.record.bytes_in, out_name)
+    elif m.kind in ("nvfp4", "mxfp4"):
+        dequantize_fp4_module(m, read, w, out_name, progress, backend, chunk)
     elif m.kind == "packed":
         sdt = ck.tensors[t["scale"]].dtype
         zeros_all = None

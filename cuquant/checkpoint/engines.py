@@ -23,6 +23,11 @@ W8A16          pack-quantized     M.weight_packed I32 [N, K/4]; M.weight_scale T
 
 AWQ (``quant_method: "awq"``, ``version: "gemm"``): M.qweight I32 [K, N/8], M.qzeros I32
 [K/G, N/8], M.scales F16 [K/G, N].
+
+The microscaling formats (`FP4_FORMATS`, weight-only; their work in microscaling.py):
+NVFP4 (nvfp4-pack-quantized): M.weight_packed U8 [N, K/2]; M.weight_scale F8_E4M3 [N, K/16];
+M.weight_global_scale F32 [1]. MXFP4 (mxfp4-pack-quantized): M.weight_packed U8 [N, K/2];
+M.weight_scale U8 [N, K/32] (E8M0 bytes).
 """
 
 from __future__ import annotations
@@ -211,3 +216,49 @@ def awq_unpack(xp, w):
     out = xp.empty_like(t)
     out[:, xp.asarray(np.array(AWQ_ORDER, np.int64))] = t
     return out.reshape(k, c * 8)
+
+
+# ---------------------------------------------------------------------------------------
+# The microscaling formats: compressed-tensors' nvfp4-pack-quantized and
+# mxfp4-pack-quantized, weight-only (its NVFP4A16 and MXFP4A16 schemes)
+
+@dataclass(frozen=True)
+class FP4Format(EngineFormat):
+    """An fp4 (e2m1) format: codes two a byte, the first in the low nibble, one scale per
+    `block` elements along K (e4m3 and a float32 global scale for NVFP4, E8M0 bytes for
+    MXFP4). Takes float16, bfloat16 and float32 weights."""
+
+    block: int = 16
+
+    def unfit(self, n: int, k: int, dtype: str, g: int) -> str | None:
+        if k % self.block:
+            return f"K={k} is not a multiple of the {self.name} block of {self.block}"
+        return None
+
+    def outputs(self, base: str, n: int, k: int, dtype: str, g: int) -> list[tuple]:
+        out = [(base + "weight_packed", "U8", (n, k // 2)),
+               (base + "weight_scale", "F8_E4M3" if self.codes == "nvfp4" else "U8",
+                (n, k // self.block))]
+        if self.codes == "nvfp4":
+            out.append((base + "weight_global_scale", "F32", (1,)))
+        return out
+
+    def scheme(self, g: int) -> dict:
+        nv = self.codes == "nvfp4"
+        weights = {"num_bits": 4, "type": "float", "symmetric": True,
+                   "strategy": "tensor_group" if nv else "group", "group_size": self.block,
+                   "dynamic": False,
+                   "scale_dtype": "torch.float8_e4m3fn" if nv else "torch.uint8"}
+        return {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                "output_activations": None, "format": self.ct_format}
+
+
+FP4_FORMATS: dict[str, FP4Format] = {f.name: f for f in (
+    FP4Format("NVFP4", "fp4 e2m1, an e4m3 scale per 16 along K and a float32 global scale; "
+              "weight-only (compressed-tensors nvfp4-pack-quantized)", "compressed-tensors",
+              "nvfp4-pack-quantized", 4, True, False, "nvfp4", 16),
+    FP4Format("MXFP4", "fp4 e2m1, a power-of-two (E8M0) scale per 32 along K; weight-only "
+              "(compressed-tensors mxfp4-pack-quantized)", "compressed-tensors",
+              "mxfp4-pack-quantized", 4, True, False, "mxfp4", 32),
+)}
+ENGINE_FORMATS.update(FP4_FORMATS)

@@ -17,7 +17,8 @@ from .read import (
 
 _ROLE_WORDS = {"packed": "codes", "codes": "codes", "qweight": "codes", "scale": "scale",
                "scales": "scale", "zero": "zero points", "qzeros": "zero points",
-               "shape": "shape"}
+               "shape": "shape", "global_scale": "global scale",
+               "input_global_scale": "activations' global scale (dropped)"}
 
 
 def inspect_checkpoint(path) -> dict:

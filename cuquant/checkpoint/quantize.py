@@ -15,6 +15,7 @@ from .engines import (
     ct_quantization_config,
     ENGINE_FORMATS,
     EngineFormat,
+    FP4Format,
     nibbles,
     pack_rows_4bit,
     words_of_bytes,
@@ -31,6 +32,7 @@ from .formats import (
     parse_size,
     SCALE_FORMATS,
 )
+from .microscaling import quantize_fp4_weight
 from .plan import _decide, _Item, _matches
 from .read import Checkpoint, open_checkpoint
 from .report import _worse, Report, TensorRecord
@@ -54,9 +56,9 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
         The output directory (refused when it exists, unless `overwrite`).
     format : str
         One of `COMMAND_FORMATS` ("W8A8", "FP8_DYNAMIC", "W4A16", "W4A16_ASYM", "W8A16",
-        "AWQ", "fp8-block"), which engines load; or "int8-channel", "int4-group",
-        "fp8-row", cuquant's own layouts, which no engine loads (``quant_method:
-        "cuquant"``).
+        "AWQ", "NVFP4", "MXFP4", "fp8-block"), which engines load; or "int8-channel",
+        "int4-group", "fp8-row", cuquant's own layouts, which no engine loads
+        (``quant_method: "cuquant"``).
     skip : sequence of str
         Glob patterns of tensor names to keep in high precision, on top of `DEFAULT_SKIP`
         (unless `default_skip` is False). Tensors that are not 2-D float ``.weight``
@@ -182,6 +184,8 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
             def work(it, ck, w, p):
                 if it.fmt is None:
                     _copy_raw(it, ck, w, p)
+                elif isinstance(fmt, FP4Format):
+                    quantize_fp4_weight(it, ck, w, p, backend, chunk, stats)
                 elif engine:
                     _quantize_engine(it, ck, w, p, backend, chunk, stats)
                 else:

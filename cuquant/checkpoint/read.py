@@ -175,7 +175,8 @@ _OWN_METHODS = ("fp8", "cuquant")
 _ENGINE_METHODS = ("compressed-tensors", "awq")
 
 
-_CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
+_CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized",
+               "nvfp4-pack-quantized", "mxfp4-pack-quantized")
 
 
 @dataclass
@@ -286,6 +287,8 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
     bits, typ = w.get("num_bits"), w.get("type")
     strategy, sym = w.get("strategy"), w.get("symmetric", True)
     where = f"config group {gname!r}"
+    if fmt in _FP4_CT_FORMATS:
+        return _ct_fp4_module(ck, base, fmt, w, where, dtype)
     packed = fmt == "pack-quantized"
     scale = _need(ck, base + "weight_scale", HALF_SCALES if packed else tuple(FLOAT_DTYPES),
                   "the weight's scale")
@@ -342,7 +345,7 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
         _shape_is(scale, (n, 1), "[N, 1]")
         g = k
     elif strategy == "tensor":
-        if scale.numel() != 1:
+        if scale.numel != 1:
             raise _bad(scale.name, f"shape {list(scale.shape)}, expected one value (tensor)")
         g = k
     elif strategy == "block" and kind == "fp8" and w.get("block_structure") in ([128, 128],):
@@ -356,6 +359,53 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
 
 
 HALF_SCALES = ("F16", "BF16")
+
+
+# compressed-tensors' fp4 formats: format -> (kind, strategy, block, scale dtype)
+_FP4_CT_FORMATS = {"nvfp4-pack-quantized": ("nvfp4", "tensor_group", 16, "F8_E4M3"),
+                   "mxfp4-pack-quantized": ("mxfp4", "group", 32, "U8")}
+
+
+def _ct_fp4_module(ck: Checkpoint, base: str, fmt: str, w: dict, where: str,
+                   dtype: str | None) -> _Module:
+    """An NVFP4 or MXFP4 module (docs/checkpoint-formats.md): uint8 codes [N, K/2], a scale
+    per block, and for NVFP4 a float32 global (encode) scale."""
+    import numpy as np
+
+    kind, strategy, block, scale_dt = _FP4_CT_FORMATS[fmt]
+    if (w.get("num_bits"), w.get("type"), w.get("strategy"), w.get("group_size")) != \
+            (4, "float", strategy, block) or w.get("symmetric", True) is not True:
+        raise CheckpointError(
+            f"config.json: {where}: {fmt} weights must be symmetric 4-bit float, strategy "
+            f"{strategy!r}, group_size {block}; got num_bits {w.get('num_bits')!r}, type "
+            f"{w.get('type')!r}, strategy {w.get('strategy')!r}, group_size "
+            f"{w.get('group_size')!r}, symmetric {w.get('symmetric', True)!r}")
+    codes = _need(ck, base + "weight_packed", ("U8",), "fp4 codes, two a byte")
+    if len(codes.shape) != 2:
+        raise _bad(codes.name, f"shape {list(codes.shape)}, expected [N, K/2]")
+    n, k = codes.shape[0], 2 * codes.shape[1]
+    if k % block:
+        raise _bad(codes.name, f"K={k} is not a multiple of the {kind.upper()} block of {block}")
+    scale = _need(ck, base + "weight_scale", (scale_dt,), "the block scales")
+    _shape_is(scale, (n, k // block), f"[N, K/{block}]")
+    if base + "weight_zero_point" in ck.tensors:
+        raise _bad(base + "weight_zero_point", f"zero points of {fmt} codes are not read")
+    tensors = {"packed": codes.name, "scale": scale.name}
+    if kind == "nvfp4":
+        gs = _need(ck, base + "weight_global_scale", ("F32",), "the global scale")
+        if gs.numel != 1:
+            raise _bad(gs.name, f"shape {list(gs.shape)}, expected [1]")
+        v = np.asarray(ck.file_of(gs.name).read(gs.name), np.float32).reshape(-1)[0]
+        if not (np.isfinite(v) and v > 0):
+            raise _bad(gs.name, f"global scale {float(v)!r}, expected a positive finite float32")
+        tensors["global_scale"] = gs.name
+    if base + "input_global_scale" in ck.tensors:
+        # The activations' global scale: no part of the restored weights.
+        tensors["input_global_scale"] = base + "input_global_scale"
+    cfg_dt = (ck.config or {}).get("torch_dtype") or (ck.config or {}).get("dtype")
+    out = dtype or _source_dtype(ck, codes.name, base + "weight") or (
+        cfg_dt if cfg_dt in _ST_OF_FLOAT else "bfloat16")
+    return _Module(base, kind, tensors, n, k, block, 4, True, strategy, out)
 
 
 def _awq_modules(ck: Checkpoint, qc: dict, dtype: str | None) -> dict[str, _Module]:
@@ -428,6 +478,8 @@ def _module_items(ck: Checkpoint, mods: dict[str, _Module]) -> tuple[list[_Item]
 def _module_format(ck: Checkpoint, m: _Module) -> str:
     if m.kind == "awq":
         return "AWQ"
+    if m.kind in ("nvfp4", "mxfp4"):
+        return m.kind.upper()
     if m.kind == "packed":
         name = f"W{m.bits}A16" + ("" if m.symmetric else "_ASYM")
         return name if m.strategy == "group" and m.group == 128 else f"{name} ({m.strategy}" + \
@@ -436,14 +488,16 @@ def _module_format(ck: Checkpoint, m: _Module) -> str:
     return f"{m.kind} {what[m.strategy]}"
 
 
-def _source_dtype(ck: Checkpoint, name: str) -> str | None:
+def _source_dtype(ck: Checkpoint, name: str, weight: str | None = None) -> str | None:
+    """The dtype recorded at quantization for the weight stored as tensor `name` (its map
+    entry is the weight's name, `weight`, where that differs)."""
     meta = ck.metadata_of(name)
     if meta.get("cuquant.source_dtype") in _ST_OF_FLOAT:
         return meta["cuquant.source_dtype"]
     many = meta.get("cuquant.source_dtypes")
     if many:
         try:
-            d = json.loads(many).get(name)
+            d = json.loads(many).get(weight or name)
         except (json.JSONDecodeError, AttributeError):
             d = None
         if d in _ST_OF_FLOAT:

@@ -189,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "index .json")
     q.add_argument("output", metavar="OUT", help="the output directory")
     q.add_argument("--format", "-f", required=True, choices=list(COMMAND_FORMATS),
-                   help="W8A8, FP8_DYNAMIC, W4A16, W4A16_ASYM, W8A16 (compressed-tensors), "
-                        "AWQ, or fp8-block (DeepSeek-V3)")
+                   help="W8A8, FP8_DYNAMIC, W4A16, W4A16_ASYM, W8A16, NVFP4, MXFP4 "
+                        "(compressed-tensors), AWQ, or fp8-block (DeepSeek-V3)")
     q.add_argument("--skip", action="append", default=[], metavar="GLOB",
                    help="keep tensors whose whole name matches GLOB in high precision "
                         "(repeatable; adds to the defaults)")

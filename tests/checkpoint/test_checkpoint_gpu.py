@@ -54,9 +54,12 @@ def model(tmp_path, rng):
 @pytest.mark.parametrize("chunk", [None, 1 << 20])
 def test_gpu_writes_the_cpu_bytes(model, tmp_path, fmt, scale_format, chunk):
     cpu, gpu = tmp_path / "cpu", tmp_path / "gpu"
-    rc = ckpt.quantize_checkpoint(model, cpu, fmt, device="cpu", scale_format=scale_format)
+    # NVFP4 and MXFP4 refuse NaN weights (tests/checkpoint/test_checkpoint_microscaling.py).
+    skip = ["*kv_a_proj_with_mqa*"] if fmt in ckpt.FP4_FORMATS else []
+    rc = ckpt.quantize_checkpoint(model, cpu, fmt, device="cpu", scale_format=scale_format,
+                                  skip=skip)
     rg = ckpt.quantize_checkpoint(model, gpu, fmt, device="cuda", scale_format=scale_format,
-                                  chunk_elements=chunk)
+                                  chunk_elements=chunk, skip=skip)
     assert rg.device == "cuda" and rc.device == "cpu"
     same_tree(cpu, gpu)
     for a, b in zip(rc.records, rg.records):

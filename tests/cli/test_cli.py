@@ -29,7 +29,9 @@ STORED = {"fp8-block": ("weight", "weight_scale_inv"), "W8A8": ("weight", "weigh
           "W4A16": ("weight_packed", "weight_scale", "weight_shape"),
           "W4A16_ASYM": ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point"),
           "W8A16": ("weight_packed", "weight_scale", "weight_shape"),
-          "AWQ": ("qweight", "qzeros", "scales")}
+          "AWQ": ("qweight", "qzeros", "scales"),
+          "NVFP4": ("weight_packed", "weight_scale", "weight_global_scale"),
+          "MXFP4": ("weight_packed", "weight_scale")}
 
 
 @pytest.fixture
@@ -348,6 +350,13 @@ def _reshape(name, shape):
     return edit
 
 
+def _scale_by(name, factor):
+    def edit(t):
+        if name in t:
+            t[name] = t[name] * np.float32(factor)
+    return edit
+
+
 def _retype(name, dtype):
     def edit(t):
         if name in t:
@@ -364,8 +373,8 @@ BAD_INPUTS = [
     ("W4A16", None, lambda qc: qc.pop("config_groups"), ["no config_groups"]),
     ("W4A16", None, lambda qc: qc.update(quantization_status="frozen"),
      ["quantization_status", "'frozen'"]),
-    ("W4A16", None, lambda qc: qc["config_groups"]["group_0"].update(format="nvfp4-pack-quantized"),
-     ["'nvfp4-pack-quantized'", "does not read"]),
+    ("W4A16", None, lambda qc: qc["config_groups"]["group_0"].update(format="marlin-24"),
+     ["'marlin-24'", "does not read"]),
     ("W4A16", None, lambda qc: qc["config_groups"]["group_0"]["weights"].update(group_size=100),
      ["group_size 100", "does not divide K=256", "weight_packed"]),
     ("W4A16", None, lambda qc: qc["config_groups"]["group_0"]["weights"].update(num_bits=2),
@@ -387,6 +396,23 @@ BAD_INPUTS = [
     ("AWQ", _reshape(M + "scales", (1, 256)), None, [M + "scales", "expected [2, 256]"]),
     ("AWQ", None, lambda qc: qc.update(version="gemv"), ["AWQ version 'gemv'"]),
     ("AWQ", None, lambda qc: qc.update(bits=8), ["AWQ with 8 bits"]),
+    ("NVFP4", _drop(M + "weight_global_scale"), None, [M + "weight_global_scale", "missing"]),
+    ("NVFP4", _scale_by(M + "weight_global_scale", 0), None,
+     [M + "weight_global_scale", "global scale 0.0", "positive finite"]),
+    ("NVFP4", _retype(M + "weight_global_scale", np.float16), None,
+     [M + "weight_global_scale", "dtype F16", "expected F32"]),
+    ("NVFP4", _retype(M + "weight_scale", np.float32), None,
+     [M + "weight_scale", "dtype F32", "expected F8_E4M3"]),
+    ("NVFP4", _reshape(M + "weight_scale", (256, 8)), None,
+     [M + "weight_scale", "shape [256, 8]", "expected [256, 16]"]),
+    ("NVFP4", None, lambda qc: qc["config_groups"]["group_0"]["weights"].update(symmetric=False),
+     ["nvfp4-pack-quantized", "symmetric False"]),
+    ("MXFP4", _retype(M + "weight_scale", np.int8), None,
+     [M + "weight_scale", "dtype I8", "expected U8"]),
+    ("MXFP4", _reshape(M + "weight_packed", (256, 100)), None,
+     [M + "weight_packed", "K=200 is not a multiple of the MXFP4 block of 32"]),
+    ("MXFP4", None, lambda qc: qc["config_groups"]["group_0"]["weights"].update(group_size=16),
+     ["mxfp4-pack-quantized", "group_size 32", "group_size 16"]),
 ]
 
 
@@ -409,7 +435,8 @@ def test_dequantize_refuses_bad_input(model, tmp_path, capsys, fmt, tensors, con
 
 
 @pytest.mark.parametrize("fmt,codes", [("W4A16", "weight_packed"), ("W8A8", "weight"),
-                                       ("FP8_DYNAMIC", "weight"), ("AWQ", "qweight")])
+                                       ("FP8_DYNAMIC", "weight"), ("AWQ", "qweight"),
+                                       ("NVFP4", "weight_packed")])
 def test_codes_without_their_config_are_refused(model, tmp_path, capsys, fmt, codes):
     q = tmp_path / "q"
     assert main(["quantize", str(model), str(q), "-f", fmt, "--device", "cpu", "-q"]) == 0
