@@ -104,6 +104,20 @@ def _codes(op, q, s, per_byte):
     return a
 
 
+def _fp4_intake(op, q, scales, s, block, scale_dtypes):
+    """Packed e2m1 codes [M, K/2] and their scales, checked against each other: (codes,
+    scales, whether the scales are swizzled)."""
+    a = _codes(op, q, s, 2)
+    v.check_exact_dtype(a, op, "q", np.uint8)
+    m, k = a.data.shape[0], a.data.shape[1] * 2
+    if k % block:
+        raise ValueError(f"{op}: q must have 2 * its last axis (K) a multiple of the block, "
+                         f"{block}; got shape {(m, k // 2)}")
+    sc = intake(scales, op, "scales", s)
+    swz = _check_scales(op, sc, m, k // block, scale_dtypes)
+    return a, sc, swz
+
+
 # ---------------------------------------------------------------------------------------
 # MXFP8
 
@@ -248,14 +262,7 @@ def dequantize_mxfp4(q, scales, dtype, *, stream=None, policy=DEFAULT_POLICY):
     policy = check_policy(policy, op)
     s = stream_of(stream, op)
     out = out_dtype(dtype, op)
-    a = _codes(op, q, s, 2)
-    v.check_exact_dtype(a, op, "q", np.uint8)
-    m, k = a.data.shape[0], a.data.shape[1] * 2
-    if k % MX_BLOCK:
-        raise ValueError(f"{op}: q must have 2 * its last axis (K) a multiple of the block, "
-                         f"{MX_BLOCK}; got shape {(m, k // 2)}")
-    sc = intake(scales, op, "scales", s)
-    swz = _check_scales(op, sc, m, k // MX_BLOCK, _E8M0_IN)
+    a, sc, swz = _fp4_intake(op, q, scales, s, MX_BLOCK, _E8M0_IN)
     same_place(op, ("q", a), ("scales", sc))
     if a.device == HOST:
         return host_results(a, _numpy.dequantize_mxfp4(a.data, sc.data, out))
@@ -362,14 +369,7 @@ def dequantize_nvfp4(q, scales, global_amax, dtype, *, stream=None, policy=DEFAU
     policy = check_policy(policy, op)
     s = stream_of(stream, op)
     out = out_dtype(dtype, op)
-    a = _codes(op, q, s, 2)
-    v.check_exact_dtype(a, op, "q", np.uint8)
-    m, k = a.data.shape[0], a.data.shape[1] * 2
-    if k % NV_BLOCK:
-        raise ValueError(f"{op}: q must have 2 * its last axis (K) a multiple of the block, "
-                         f"{NV_BLOCK}; got shape {(m, k // 2)}")
-    sc = intake(scales, op, "scales", s)
-    swz = _check_scales(op, sc, m, k // NV_BLOCK, _E4M3_IN)
+    a, sc, swz = _fp4_intake(op, q, scales, s, NV_BLOCK, _E4M3_IN)
     if isinstance(global_amax, (int, float, np.floating, np.integer)) and \
             not isinstance(global_amax, bool):
         value, ga = np.float32(global_amax), None

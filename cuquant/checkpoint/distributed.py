@@ -192,16 +192,8 @@ class _ClusterOutput(_Output):
     the journal, locked while a client writes it."""
 
     def __init__(self, dst: Path, overwrite: bool, protect, resume: bool):
-        self.dst = Path(os.path.abspath(dst))
-        for p in protect:
-            p = Path(os.path.abspath(p))
-            if self.dst == p or self.dst in p.parents:
-                raise CheckpointError(f"{dst}: the output would replace the input {p}; choose "
-                                      "another output path")
-        if (self.dst.exists() or self.dst.is_symlink()) and not overwrite:
-            raise CheckpointError(f"{dst}: already exists; pass --overwrite to replace it")
+        self.dst = self.destination(dst, overwrite, protect)
         self.overwrite = overwrite
-        self.dst.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.dst.parent / f".{self.dst.name}.partial-cluster"
         self.journal = None
         self.keep = False  # a refused resume leaves the partial output for a right one

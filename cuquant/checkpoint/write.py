@@ -26,20 +26,27 @@ class _Output:
     to NAME (moving an existing NAME aside first, with overwrite), `discard` removes it."""
 
     def __init__(self, dst: Path, overwrite: bool, protect: Sequence[Path]):
-        self.dst = Path(os.path.abspath(dst))
-        for p in protect:
-            p = Path(os.path.abspath(p))
-            if self.dst == p or self.dst in p.parents:
-                raise CheckpointError(f"{dst}: the output would replace the input {p}; choose "
-                                      "another output path")
-        if (self.dst.exists() or self.dst.is_symlink()) and not overwrite:
-            raise CheckpointError(f"{dst}: already exists; pass --overwrite to replace it")
+        self.dst = self.destination(dst, overwrite, protect)
         self.overwrite = overwrite
-        self.dst.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.dst.parent / f".{self.dst.name}.partial-{os.getpid()}"
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
         self.tmp.mkdir()
+
+    @staticmethod
+    def destination(dst, overwrite: bool, protect: Sequence[Path]) -> Path:
+        """`dst` made absolute, refused where it would replace an input or (without
+        `overwrite`) exists; its parent is created."""
+        path = Path(os.path.abspath(dst))
+        for p in protect:
+            p = Path(os.path.abspath(p))
+            if path == p or path in p.parents:
+                raise CheckpointError(f"{dst}: the output would replace the input {p}; choose "
+                                      "another output path")
+        if (path.exists() or path.is_symlink()) and not overwrite:
+            raise CheckpointError(f"{dst}: already exists; pass --overwrite to replace it")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
     def commit(self) -> None:
         old = None
