@@ -293,7 +293,7 @@ def _ct_module(ck: Checkpoint, base: str, fmt: str, w: dict, gname: str,
     scale = _need(ck, base + "weight_scale", HALF_SCALES if packed else tuple(FLOAT_DTYPES),
                   "the weight's scale")
     def out_dt(codes_name):
-        return dtype or _source_dtype(ck, codes_name) or FLOAT_DTYPES[scale.dtype]
+        return dtype or _source_dtype(ck, codes_name, base + "weight") or FLOAT_DTYPES[scale.dtype]
 
     if packed:
         if typ != "int" or bits not in (4, 8):
@@ -437,7 +437,7 @@ def _awq_modules(ck: Checkpoint, qc: dict, dtype: str | None) -> dict[str, _Modu
         _shape_is(qz, (k // g, n // 8), f"[K/{g}, N/8]")
         mods[base] = _Module(base, "awq", {"qweight": name, "scales": sc.name, "qzeros": qz.name},
                              n, k, g, 4, False, "group",
-                             dtype or _source_dtype(ck, name) or "float16")
+                             dtype or _source_dtype(ck, name, base + "weight") or "float16")
     return mods
 
 

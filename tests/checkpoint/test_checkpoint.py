@@ -583,3 +583,23 @@ def test_packed_round_trip_is_the_quantizers_reconstruction(tmp_path, rng, fmt, 
         back = load_dir(tmp_path / f"back{chunk}")["layer.weight"]
         assert back.dtype == w.dtype
         assert np.array_equal(back.view(np.uint16), recon.view(np.uint16))
+
+
+@pytest.mark.parametrize("fmt", sorted(ckpt.ENGINE_FORMATS))
+def test_weights_of_two_dtypes_in_one_shard_come_back_each_in_its_own(tmp_path, rng, fmt):
+    """The shard records each weight's dtype under the weight's name; the stored tensors of
+    engine formats have other names (weight_packed, qweight), and still find it."""
+    w = (rng.standard_normal((64, 256)) * 0.02).astype(np.float32)
+    src = tmp_path / "in"
+    src.mkdir()
+    save_file({"a.up_proj.weight": w.astype(ml_dtypes.bfloat16),
+               "b.up_proj.weight": w.astype(np.float16)}, src / "model.safetensors")
+    (src / "config.json").write_text('{"model_type": "llama", "torch_dtype": "float32"}')
+    out, back = tmp_path / "q", tmp_path / "back"
+    ckpt.quantize_checkpoint(src, out, fmt, device="cpu", group_size=32, stats=False)
+    ckpt.dequantize_checkpoint(out, back, device="cpu")
+    got = {}
+    for shard in back.glob("*.safetensors"):
+        got.update(load_file(shard))
+    assert got["a.up_proj.weight"].dtype == ml_dtypes.bfloat16
+    assert got["b.up_proj.weight"].dtype == np.float16
