@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from . import _numpy
 from ._core import replay as _fast
+from ._core.declare import Out, cdiv, declare, dtype_name, float_named
 from ._core.arrays import HOST
 from ._core.call import host_results, intake, out_dtype, same_place, stream_of, v
 from ._core.dtypes import FLOATS
@@ -35,6 +36,16 @@ __all__ = ["quantize_groupwise", "dequantize_groupwise", "dequantize_groupwise_b
 # ---------------------------------------------------------------------------------------
 # Public ops
 
+def _q_groupwise(a):
+    x, bits = a["x"], a["bits"]
+    shape = tuple(x.shape)
+    n = 1
+    for d in shape:
+        n *= d
+    q = shape[:-1] + (shape[-1] // 2,) if bits == 4 else shape
+    return [Out(q, "int8"), Out((n // a["group_size"], 1 if a["symmetric"] else 2), "float32")]
+
+@declare(_q_groupwise)
 @_fast.replayable
 def quantize_groupwise(x, bits, symmetric, group_size, *, stream=None, policy=DEFAULT_POLICY):
     """Quantize groups of consecutive elements to 4- or 8-bit integers, DeepSpeed's format.
@@ -101,6 +112,13 @@ def _dequant_checks(op, a, params, bits, symmetric, group_size, dtype, s, q_arg=
     return b, sym, out, p, g
 
 
+def _dq_groupwise(a):
+    shape = tuple(a["q"].shape)
+    if a["bits"] == 4:
+        shape = shape[:-1] + (2 * shape[-1],)
+    return [Out(shape, float_named(a["dtype"]))]
+
+@declare(_dq_groupwise)
 @_fast.replayable
 def dequantize_groupwise(q, params, bits, symmetric, group_size, dtype,
                          *, stream=None, policy=DEFAULT_POLICY):
@@ -137,6 +155,11 @@ def dequantize_groupwise(q, params, bits, symmetric, group_size, dtype,
                    policy)
 
 
+def _q_int4(a):
+    n, k = a["w"].shape
+    return [Out((n, k // 2), "int8"), Out((n * k // a["group_size"], 2), "float32")]
+
+@declare(_q_int4)
 @_fast.replayable
 def quantize_int4_per_group(w, group_size=128, *, stream=None, policy=DEFAULT_POLICY):
     """TileOPs' INT4QuantPerGroupFwdOp: asymmetric 4-bit groups along K of a weight.
@@ -171,6 +194,11 @@ def quantize_int4_per_group(w, group_size=128, *, stream=None, policy=DEFAULT_PO
     return run_gpu(a, s, _gpu_groupwise.quantize, a.data, t, 4, False, g, policy)
 
 
+def _dq_int4(a):
+    n, kh = a["packed"].shape
+    return [Out((n, 2 * kh), float_named(a["dtype"]))]
+
+@declare(_dq_int4)
 @_fast.replayable
 def dequantize_int4_per_group(packed, params, dtype, group_size=128,
                               *, stream=None, policy=DEFAULT_POLICY):

@@ -136,27 +136,53 @@ def _from_torch(x, op, arg, stream):
     torch = sys.modules["torch"]
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: {arg} must be an array; got {type(x).__name__}")
+    _fast.enable_torch(torch)
     x = x.detach()
     dt = x.dtype
+    if x.is_cuda:
+        # The tensor's memory seen by CuPy, without DLPack: the call runs on torch's stream,
+        # after whatever torch queued there. A strided tensor is copied by torch (on that
+        # stream, from its allocator) to C order.
+        cp = require_cupy(op)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        dtype = _torch_to_numpy(torch, dt, op, arg)
+        mem = cp.cuda.UnownedMemory(x.data_ptr(), x.numel() * x.element_size(), x,
+                                    x.device.index)
+        data = cp.ndarray(tuple(x.shape), dtype, cp.cuda.MemoryPointer(mem, 0))
+        return In(data, "torch", x.device.index, x)
+    if x.device.type != "cpu":
+        raise ValueError(f"{op}: {arg} is on device {x.device}; cuquant runs on CPU and CUDA")
     view_as = None
     y = x
     if dt == torch.bfloat16:
         y, view_as = x.view(torch.int16), _BF16
     elif dt == getattr(torch, "float8_e4m3fn", None):
         y, view_as = x.view(torch.uint8), _FP8
-    if x.is_cuda:
-        cp = require_cupy(op)
-        data = _cupy_from_dlpack(cp, y, stream)
-        if view_as is _BF16:
-            data = data.view(_BF16)
-        # fp8 stays uint8 on the CuPy side: CuPy has no float8 dtype.
-        return In(data, "torch", x.device.index, x)
-    if x.device.type != "cpu":
-        raise ValueError(f"{op}: {arg} is on device {x.device}; cuquant runs on CPU and CUDA")
     data = y.numpy()
     if view_as is not None:
         data = data.view(view_as)
     return In(data, "torch", HOST, x)
+
+
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_to_numpy(torch, dt, op, arg):
+    """The NumPy dtype a CUDA tensor's memory is read as (float8_e4m3fn as its uint8 codes,
+    as CuPy holds them)."""
+    if not _TORCH_DTYPES:
+        for name in ("float16", "float32", "float64", "int8", "uint8", "int16", "int32",
+                     "int64", "uint16", "uint32", "uint64", "bool"):
+            if hasattr(torch, name):
+                _TORCH_DTYPES[getattr(torch, name)] = np.dtype(name)
+        _TORCH_DTYPES[torch.bfloat16] = _BF16
+        if hasattr(torch, "float8_e4m3fn"):
+            _TORCH_DTYPES[torch.float8_e4m3fn] = np.dtype(np.uint8)
+    d = _TORCH_DTYPES.get(dt)
+    if d is None:
+        raise TypeError(f"{op}: {arg} has dtype {dt}, which cuquant does not take")
+    return d
 
 
 def _from_jax(x, op, arg, stream):

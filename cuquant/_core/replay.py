@@ -34,6 +34,8 @@ _tls = threading.local()
 # CuPy's ndarray, getDevice and get_current_stream, set by `enable` once CuPy is imported.
 ND = None
 _device = _stream = None
+# torch.Tensor, set by `enable_torch` once a torch tensor arrives.
+TT = None
 
 # Types of the arguments besides arrays that a key may hold (and NumPy dtypes): values that
 # compare equal only when they mean the same, once their type is in the key too.
@@ -54,6 +56,26 @@ def enable(cp) -> None:
     ND = cp.ndarray
 
 
+def enable_torch(torch) -> None:
+    """Called when a torch tensor first arrives: from then on tensors can take this path."""
+    global TT, _is_compiling
+    compiler = getattr(torch, "compiler", None)
+    _is_compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
+    TT = torch.Tensor
+
+
+def _enable_torch() -> bool:
+    import sys
+
+    enable_torch(sys.modules["torch"])
+    return True
+
+
+# Marked for torch.compile as a call of constant result (torch._dynamo.assume_constant_result):
+# when the first call of a process is being traced, the tracer runs it rather than tracing it.
+_enable_torch._dynamo_marked_constant = True
+
+
 def replayable(op):
     """Give the public op `op(x, ..., stream=None)` the replay path (x given by position)."""
 
@@ -62,9 +84,14 @@ def replayable(op):
         if stream is not None or not args:
             if args and is_dask(args[0]):
                 return dask_call(call, op.__name__, args, dict(kwargs, stream=stream))
+            if args and _compiling(args[0]):
+                return _torch_route(call, args, dict(kwargs, stream=stream))
             return op(*args, stream=stream, **kwargs)
         x = args[0]
-        if type(x) is not ND or not x._c_contiguous:
+        tx = type(x)
+        if tx is not ND or not x._c_contiguous:
+            if tx is TT or (TT is None and tx.__module__ == "torch"):
+                return _torch_call(op, call, x, args, kwargs)
             if is_dask(x):  # chunk by chunk, each through this op
                 return dask_call(call, op.__name__, args, kwargs)
             return op(*args, **kwargs)
@@ -85,6 +112,68 @@ def replayable(op):
     return call
 
 
+def _torch_call(op, call, x, args, kwargs):
+    """A call whose first array is a torch tensor: under torch.compile, the op's torch
+    custom op; a C-contiguous CUDA tensor on the current device, its replay when one is
+    kept (launched on torch's current stream, outputs from torch.empty); else the whole
+    way."""
+    if _compiling(x):
+        return _torch_route(call, args, kwargs)
+    device = x.get_device()
+    if device < 0 or not x.is_contiguous():
+        return op(*args, **kwargs)
+    p = x.data_ptr()
+    ptrs = [p]
+    key = (op, x.shape, x.dtype, p & 15, device)
+    if len(args) > 1 or kwargs:
+        key = _key_rest(key, ptrs, device, args[1:], kwargs)
+        if key is None:
+            return op(*args, **kwargs)
+    replay = _table.get(key)
+    if replay is not None and _device() == device:
+        return replay(TORCH_PLACE(device), ptrs)
+    return _first(op, key, args, kwargs)
+
+
+TORCH_PLACE = None  # device -> the TorchStream of torch's current stream (set by _cuda.launch)
+
+
+def _compiling(x) -> bool:
+    """Whether torch.compile is tracing a call with the torch tensor x (False for any other
+    argument, and in eager calls)."""
+    if TT is None:
+        if type(x).__module__ != "torch":
+            return False
+        _enable_torch()
+    return type(x) is TT and _is_compiling()
+
+
+_is_compiling = None  # torch.compiler.is_compiling, set by enable_torch
+
+
+def _torch_route(call, args, kwargs):
+    """Under torch.compile: the call as its torch custom op (`_core.torch_ops`)."""
+    _register_torch_ops()
+    return ROUTE(call, args, kwargs)
+
+
+ROUTE = None  # set by _core.torch_ops once the custom ops are registered
+
+
+def _register_torch_ops() -> bool:
+    """Register every op as a torch custom op (once). Marked for torch.compile as a call
+    of constant result, so that the tracer runs it rather than tracing into the import."""
+    global ROUTE
+    if ROUTE is None:
+        from . import torch_ops
+
+        ROUTE = torch_ops.register()
+    return True
+
+
+_register_torch_ops._dynamo_marked_constant = True  # torch._dynamo.assume_constant_result
+
+
 def _key_rest(key, ptrs, device, args, kwargs):
     """The key extended by the arguments after x (their addresses appended to ptrs), or
     None when one of them cannot be in a key."""
@@ -96,6 +185,12 @@ def _key_rest(key, ptrs, device, args, kwargs):
             if not a._c_contiguous or a.data.device_id != device:
                 return None
             p = a.data.ptr
+            ptrs.append(p)
+            key += (a.shape, a.dtype, p & 15)
+        elif t is TT:
+            if a.get_device() != device or not a.is_contiguous():
+                return None
+            p = a.data_ptr()
             ptrs.append(p)
             key += (a.shape, a.dtype, p & 15)
         elif _plain(a):
@@ -166,5 +261,5 @@ def clear() -> None:
     _table.clear()
 
 
-__all__ = ["replayable", "offer", "enable", "clear", "plain", "replay_of", "keep",
+__all__ = ["replayable", "offer", "enable", "enable_torch", "clear", "plain", "replay_of", "keep",
            "current_device", "current_stream", "PLAN_LIMIT"]

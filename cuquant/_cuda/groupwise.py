@@ -67,7 +67,7 @@ def quantize(stream, x, t, bits, sym, g, policy=DEFAULT_POLICY):
             ((x.size // g, 1 if sym else 2), _F32)))
     plan = quantize_plan(SRC, _ds_format, xc, t, bits, g, policy=policy)
     if plan is None:
-        return outputs.make(), False
+        return outputs.make(stream)[0], False
     run = QuantizeRun(outputs, plan, int(sym))
     if xc is x:
         _fast.offer(run)
@@ -111,6 +111,8 @@ class BatchRun:
 def batched(checked, out: FloatType, stream, batch=None):
     cp = require_cupy("dequantize_groupwise_batched")
     device = checked[0][0].device
+    if stream is None and checked[0][0].family == "torch":  # torch's current stream
+        stream = _gpu.torch_stream(device, _gpu.torch_stream_ptr(device)).cupy()
     with cp.cuda.Device(device):
         if stream is None:
             results = _run_batched(checked, out, cp.cuda.get_current_stream(), device, batch)

@@ -23,9 +23,13 @@ NULL = np.uint64(0)  # a null pointer argument
 
 
 def run(like, stream, fn, *args):
-    """Call fn(cupy_stream, *args) on the device of `like` with `stream` current (kernels
-    launch on the current stream), and hand its results back in the caller's family. fn
-    returns (arrays, fp8): a tuple of CuPy arrays, and whether the first holds fp8 codes."""
+    """Call fn(stream, *args) on the device of `like` and hand its results back in the
+    caller's family. fn returns (arrays, fp8): a tuple of arrays, and whether the first
+    holds fp8 codes. CuPy arrays run on CuPy's current stream (or `stream`); torch tensors on
+    torch's current stream of their device (or `stream`), with their outputs made by torch
+    (`TorchStream`)."""
+    if like.family == "torch":
+        return _run_torch(like, stream, fn, args)
     if stream is None and _get_device() == like.device:
         arrays, fp8 = fn(_current_stream(), *args)
     else:
@@ -39,6 +43,77 @@ def run(like, stream, fn, *args):
     if like.family != "cupy":
         arrays = tuple([outcome(like, r, fp8 and i == 0) for i, r in enumerate(arrays)])
     return arrays[0] if len(arrays) == 1 else arrays
+
+
+def _run_torch(like, stream, fn, args):
+    """A torch call: launched on torch's current stream of the device (or `stream`), its
+    outputs made by torch. CuPy's current stream is that stream meanwhile, so that anything
+    else the launcher does with CuPy (copies of odd inputs, fills of empty outputs) is
+    ordered with the launch."""
+    cp = cupy_module()
+    device = like.device
+    ptr = torch_stream_ptr(device) if stream is None else stream.ptr
+    ts = torch_stream(device, ptr)
+    with cp.cuda.Device(device), ts.cupy():
+        arrays, fp8 = fn(ts, *args)
+    torch = _torch()
+    arrays = tuple([r if isinstance(r, torch.Tensor) else outcome(like, r, fp8 and i == 0)
+                    for i, r in enumerate(arrays)])
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def _torch():
+    import sys
+
+    return sys.modules["torch"]
+
+
+class TorchStream:
+    """A torch stream as the launchers see it: the raw handle (`ptr`, as a CuPy stream has
+    one) and the device whose caching allocator makes the outputs (see `Outputs.make`)."""
+
+    __slots__ = ("ptr", "device", "torch_device", "_cupy")
+
+    def __init__(self, device: int, ptr: int):
+        self.ptr, self.device = ptr, device
+        self.torch_device = _torch().device("cuda", device)
+        self._cupy = None
+
+    def cupy(self):
+        """The same stream as a CuPy stream (made once)."""
+        if self._cupy is None:
+            import warnings
+
+            cp = cupy_module()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._cupy = cp.cuda.ExternalStream(self.ptr, self.device)
+        return self._cupy
+
+
+_torch_streams: dict = {}  # raw handle -> TorchStream
+_raw_stream = None
+
+
+def torch_stream(device: int, ptr: int) -> TorchStream:
+    ts = _torch_streams.get(ptr)
+    if ts is None or ts.device != device:
+        if len(_torch_streams) >= PLAN_LIMIT:
+            _torch_streams.clear()
+        ts = _torch_streams[ptr] = TorchStream(device, ptr)
+    return ts
+
+
+def torch_stream_ptr(device: int) -> int:
+    """The raw handle of torch's current stream on `device`: torch's own accessor (a fifth
+    of a microsecond), or its public one where that is missing."""
+    global _raw_stream
+    if _raw_stream is None:
+        torch = _torch()
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _raw_stream = raw if raw is not None else (
+            lambda d: torch.cuda.current_stream(d).cuda_stream)
+    return _raw_stream(device)
 
 
 # CuPy's getDevice and get_current_stream, bound to these names at the first call (the
@@ -121,13 +196,15 @@ class Launch:
 
 
 class Outputs:
-    """The output arrays of one kind of call, C-contiguous, carved out of one allocation,
-    each 256-byte aligned; their offsets are worked out once. An allocation costs the host
-    about as much as half a kernel launch, a sixth of a small call's budget, so a call
-    makes one. The memory is released when every array is. `make()` returns the arrays as
-    a tuple."""
+    """The output arrays of one kind of call, C-contiguous, each 256-byte aligned; their
+    layout is worked out once. `make(stream)` returns (arrays, addresses): for a CuPy stream,
+    CuPy arrays carved out of one allocation from CuPy's pool (an allocation costs the host
+    about as much as half a kernel launch, so a call makes one; the memory is released when
+    every array is); for a `TorchStream`, tensors made by `torch.empty` on its device (the
+    caching allocator, and its graph pool while a graph is captured). float8_e4m3fn outputs
+    are uint8 codes in CuPy and float8_e4m3fn tensors in torch."""
 
-    __slots__ = ("parts", "total", "make")
+    __slots__ = ("parts", "total", "_cupy", "_torch")
 
     def __init__(self, *specs):
         parts, total = [], 0
@@ -135,30 +212,85 @@ class Outputs:
             parts.append((tuple(shape), np.dtype(dtype), total))
             total += -(-math.prod(shape) * np.dtype(dtype).itemsize // 256) * 256
         self.parts, self.total = tuple(parts), total
-        self.make = _maker(self.parts, total)
+        self._cupy = _maker(tuple((s, _cupy_type(d), o) for s, d, o in self.parts), total)
+        self._torch = None
+
+    def make(self, stream):
+        if type(stream) is TorchStream:
+            maker = self._torch
+            if maker is None:
+                maker = self._torch = _torch_maker(self.parts)
+            return maker(stream.torch_device)
+        return self._cupy()
+
+
+
+def _cupy_type(dtype: np.dtype):
+    """The scalar type CuPy makes an output of `dtype` with (fp8 codes as uint8)."""
+    return np.uint8 if dtype.name == "float8_e4m3fn" else dtype.type
 
 
 def _maker(parts, total):
-    """A function making the arrays: written out for one and two arrays, the common cases,
-    since a loop adds to the host time of every small call. The arrays are made from scalar
-    types, which CuPy takes without first normalising a dtype object."""
+    """A function making the CuPy arrays and their addresses: written out for one and two
+    arrays, the common cases, since a loop adds to the host time of every small call. The
+    arrays are made from scalar types, which CuPy takes without first normalising a dtype
+    object."""
     cp = cupy_module()
     alloc, nd = cp.cuda.alloc, cp.ndarray
-    parts = tuple((shape, dtype.type, off) for shape, dtype, off in parts)
     if len(parts) == 1:
         (s0, d0, _), = parts
-        return lambda: (nd(s0, d0, alloc(total)),)
+
+        def make1():
+            mem = alloc(total)
+            return (nd(s0, d0, mem),), (mem.ptr,)
+        return make1
     if len(parts) == 2:
         (s0, d0, _), (s1, d1, o1) = parts
 
         def make2():
             mem = alloc(total)
-            return nd(s0, d0, mem), nd(s1, d1, mem + o1)
+            p = mem.ptr
+            return (nd(s0, d0, mem), nd(s1, d1, mem + o1)), (p, p + o1)
         return make2
 
     def make():
         mem = alloc(total)
-        return tuple([nd(shape, dtype, mem + off if off else mem) for shape, dtype, off in parts])
+        p = mem.ptr
+        return (tuple([nd(shape, dtype, mem + off if off else mem) for shape, dtype, off in parts]),
+                tuple([p + off for _, _, off in parts]))
+    return make
+
+
+def torch_dtype(dtype: np.dtype):
+    """The torch dtype of a NumPy (or ml_dtypes) dtype."""
+    torch = _torch()
+    name = np.dtype(dtype).name
+    return getattr(torch, name)
+
+
+def _torch_maker(parts):
+    """A function making the tensors of `parts` with torch.empty on a device, and their
+    addresses (one and two outputs written out, as `_maker`)."""
+    empty = _torch().empty
+    parts = tuple((shape, torch_dtype(dtype)) for shape, dtype, _ in parts)
+    if len(parts) == 1:
+        (s0, d0), = parts
+
+        def make1(device):
+            a = empty(s0, dtype=d0, device=device)
+            return (a,), (a.data_ptr(),)
+        return make1
+    if len(parts) == 2:
+        (s0, d0), (s1, d1) = parts
+
+        def make2(device):
+            a, b = empty(s0, dtype=d0, device=device), empty(s1, dtype=d1, device=device)
+            return (a, b), (a.data_ptr(), b.data_ptr())
+        return make2
+
+    def make(device):
+        arrays = tuple([empty(shape, dtype=dtype, device=device) for shape, dtype in parts])
+        return arrays, tuple([a.data_ptr() for a in arrays])
     return make
 
 
@@ -208,20 +340,31 @@ def _load_driver():
     return _driver
 
 
-def workspace(device: int, stream) -> object:
-    """A zeroed 4-word uint32 workspace for this device and stream. Kernels that use it
-    leave it zeroed, so it is allocated and cleared once, not per call; one per stream
-    keeps concurrent streams apart."""
+def workspace(device: int, stream) -> int:
+    """The address of a zeroed 4-word uint32 workspace for this device and stream. Kernels
+    that use it leave it zeroed (the last block out clears it), so it is allocated and
+    cleared once, on the stream itself (so that the clearing comes before the first launch
+    on it), not per call; one per stream keeps concurrent streams apart. A torch stream's is
+    made by torch: while a graph is captured, in the graph's pool, its clearing a node of
+    the graph."""
     key = (device, stream.ptr)
     ws = _workspaces.get(key)
     if ws is None:
         with _lock:
             ws = _workspaces.get(key)
             if ws is None:
-                cp = require_cupy("cuquant")
-                ws = cp.zeros(4, dtype=np.uint32)
+                if type(stream) is TorchStream:
+                    torch = _torch()
+                    with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=device)):
+                        buf = torch.zeros(4, dtype=torch.int32, device=stream.torch_device)
+                    ws = (buf, buf.data_ptr())
+                else:
+                    cp = require_cupy("cuquant")
+                    with stream:
+                        buf = cp.zeros(4, dtype=np.uint32)
+                    ws = (buf, buf.data.ptr)
                 _workspaces[key] = ws
-    return ws
+    return ws[1]
 
 
 def fastdiv(d: int) -> tuple[int, int]:
@@ -238,6 +381,14 @@ def blocks_for(work_items: int, per_block: int, cap: int = 1 << 20) -> int:
     return max(1, min(cap, -(-work_items // per_block)))
 
 
-__all__ = ["HOST", "NULL", "run", "props", "resident_blocks", "workspace",
+def _torch_place(device: int) -> TorchStream:
+    """torch's current stream of `device`, for the replays of calls on torch tensors."""
+    return torch_stream(device, torch_stream_ptr(device))
+
+
+_replay.TORCH_PLACE = _torch_place
+
+
+__all__ = ["HOST", "NULL", "run", "TorchStream", "torch_stream", "torch_stream_ptr", "torch_dtype", "props", "resident_blocks", "workspace",
            "fastdiv", "blocks_for", "Launch", "f32_bits", "Outputs", "remember", "plan_table",
            "clear_plans"]

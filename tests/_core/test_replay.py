@@ -200,7 +200,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(_gpu, "props", lambda d: {"sm_count": 132, "cc": "90",
                                                   "smem_optin": 227 * 1024})
     workspace = cp.ndarray((4,), np.uint32, mem + (1 << 33))
-    monkeypatch.setattr(_gpu, "workspace", lambda *a: workspace)
+    monkeypatch.setattr(_gpu, "workspace", lambda *a: workspace.data.ptr)
     monkeypatch.setattr(_gpu.Launch, "__call__", record)
     try:
         yield mem, launches
