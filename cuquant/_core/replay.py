@@ -141,10 +141,13 @@ TORCH_PLACE = None  # device -> the TorchStream of torch's current stream (set b
 def _compiling(x) -> bool:
     """Whether torch.compile is tracing a call with the torch tensor x (False for any other
     argument, and in eager calls)."""
-    if TT is None:
+    if TT is None:  # torch's first tensor, maybe under the tracer (which reads TT as None)
         if type(x).__module__ != "torch":
             return False
         _enable_torch()
+        import torch
+
+        return torch.compiler.is_compiling()
     return type(x) is TT and _is_compiling()
 
 

@@ -22,6 +22,7 @@ from . import declare as _declare
 NAMESPACE = "cuquant"
 _TENSOR, _DTYPE, _POLICY = "__tensor__", "__dtype__", "__policy__"
 _registered: dict = {}  # name -> the custom op
+_POLICY_FIELDS: tuple = ()  # the kernel policy's fields, by name
 
 
 def _encode_value(v):
@@ -100,6 +101,9 @@ def route(call, args, kwargs):
         raise TypeError(f"{call.__name__}: stream= is not taken under torch.compile; the call "
                         "runs on torch's current stream")
     kwargs = {k: v for k, v in kwargs.items() if k != "stream"}
+    policy = kwargs.get("policy")
+    if policy is not None:  # by its fields: the tracer reads them as constants
+        kwargs["policy"] = (_POLICY, tuple([(n, getattr(policy, n)) for n in _POLICY_FIELDS]))
     tensors: list = []
     spec = _encode(_split(tuple(args), tensors), _split(kwargs, tensors))
     outs = getattr(getattr(torch.ops, NAMESPACE), call.__name__)(tensors, spec)
@@ -143,7 +147,11 @@ def _register_one(name, fn):
 
 def register():
     """Register every declared op (once); returns `route`."""
+    global _POLICY_FIELDS
     for name, fn in _declare.OPS.items():
+        policy = fn.__cuquant_signature__.parameters.get("policy")
+        if policy is not None and not _POLICY_FIELDS:
+            _POLICY_FIELDS = tuple(f.name for f in dataclasses.fields(policy.default))
         if name not in _registered:
             _registered[name] = _register_one(name, fn)
     return route
