@@ -186,27 +186,49 @@ def _torch_to_numpy(torch, dt, op, arg):
 
 
 def _from_jax(x, op, arg, stream):
+    """A JAX array: on the host, its NumPy view; on a CUDA device, its memory seen by CuPy
+    through its address (no DLPack round trip). An array still being computed makes the
+    launch stream wait for it on the device (DLPack's handshake: the host does not wait);
+    a ready one costs nothing more."""
     jax = sys.modules["jax"]
     if not isinstance(x, jax.Array):
         raise TypeError(f"{op}: {arg} must be an array; got {type(x).__name__}")
-    devices = x.devices()
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError(f"{op}: {arg} is traced (jax.jit) but the first array argument is "
+                        "not; pass the call's arrays all as JAX arrays")
+    devices = x.sharding.device_set
     if len(devices) != 1:
         raise ValueError(f"{op}: {arg} is sharded over {len(devices)} devices; pass one shard")
     dev = next(iter(devices))
-    if dev.platform == "cpu":
+    platform = dev.platform
+    if platform == "cpu":
         return In(np.asarray(x), "jax", HOST, x)
-    if dev.platform not in ("gpu", "cuda"):
-        raise ValueError(f"{op}: {arg} is on a {dev.platform} device; cuquant runs on CPU and CUDA")
+    if platform not in ("gpu", "cuda"):
+        raise ValueError(f"{op}: {arg} is on a {platform} device; cuquant runs on CPU and CUDA")
     cp = require_cupy(op)
-    y = x
-    if x.dtype == _FP8:
-        y = jax.lax.bitcast_convert_type(x, np.uint8)
-    elif x.dtype == _BF16:
-        y = jax.lax.bitcast_convert_type(x, np.int16)
-    data = _cupy_from_dlpack(cp, y, stream)
-    if x.dtype == _BF16:
-        data = data.view(_BF16)
-    return In(data, "jax", data.data.device_id, x)
+    device = dev.local_hardware_id
+    if device not in _JAX_DEVICES:
+        _JAX_DEVICES[device] = (dev, dev.get_stream_for_external_ready_events())
+    dt = x.dtype
+    if dt == _FP8:
+        dt = np.dtype(np.uint8)  # fp8 codes, as CuPy holds them
+    n = x.size * dt.itemsize
+    if n == 0:
+        return In(cp.empty(x.shape, dt), "jax", device, x)
+    if not x.is_ready():
+        s = stream.ptr if stream is not None else _JAX_DEVICES[device][1]
+        x.__dlpack__(stream=s or 1)  # the stream waits for x (1: the legacy default stream)
+    mem = cp.cuda.UnownedMemory(x.unsafe_buffer_pointer(), n, x, device)
+    return In(cp.ndarray(x.shape, dt, cp.cuda.MemoryPointer(mem, 0)), "jax", device, x)
+
+
+_JAX_DEVICES: dict = {}  # CUDA ordinal -> (JAX device, its stream for external ready events)
+
+
+def jax_stream_ptr(device: int) -> int:
+    """The stream JAX takes external work from on CUDA device `device` (a JAX array on it
+    has been taken in)."""
+    return _JAX_DEVICES[device][1]
 
 
 # ---------------------------------------------------------------------------------------
@@ -242,15 +264,80 @@ def as_torch(data, fp8: bool = False):
 
 
 def _to_jax(like, data, fp8):
+    """A result as a JAX array. On a GPU, handed to JAX without a copy through DLPack,
+    ordered on the stream JAX takes external work from (the current stream is the launch
+    stream); bfloat16 and float8_e4m3fn go as 16- and 8-bit integers whose DLPack type code
+    is rewritten, so that no JAX op is dispatched to view them back."""
     jax = sys.modules["jax"]
     if like.device == HOST:
         return jax.device_put(data, next(iter(like.source.devices())))
-    if not data.flags.c_contiguous:
+    if not data._c_contiguous:
         data = _cupy.ascontiguousarray(data)
-    if data.dtype == _BF16:
-        return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(data.view(np.int16)), _BF16)
-    out = jax.dlpack.from_dlpack(data)
-    return jax.lax.bitcast_convert_type(out, _FP8) if fp8 else out
+    dev, ext = _JAX_DEVICES[like.device]
+    dt = data.dtype
+    code = None
+    if fp8 or dt == _FP8:
+        data, code = data.view(np.uint8), _DL_FLOAT8_E4M3FN
+    elif dt == _BF16:
+        data, code = data.view(np.uint16), _DL_BFLOAT
+    capsule = data.__dlpack__(stream=ext or 1)  # 1: the legacy default stream
+    if code is not None:
+        _set_dlpack_code(capsule, code)
+    return _jax_from_capsule(jax, capsule, dev, ext)
+
+
+# DLPack's type codes (dlpack.h, DLDataTypeCode) of the types JAX takes in their place.
+_DL_BFLOAT, _DL_FLOAT8_E4M3FN = 4, 10
+_capsule_pointer = None
+
+
+def _set_dlpack_code(capsule, code: int) -> None:
+    """Rewrite the type code of an unconsumed DLPack capsule ("dltensor": a DLManagedTensor,
+    whose DLTensor has the data pointer, the device (two int32), ndim (int32) and then the
+    type's code, bits and lanes)."""
+    global _capsule_pointer
+    import ctypes
+
+    if _capsule_pointer is None:
+        f = ctypes.pythonapi.PyCapsule_GetPointer
+        f.restype, f.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        _capsule_pointer = f
+    ctypes.c_uint8.from_address(_capsule_pointer(capsule, b"dltensor") + 20).value = code
+
+
+_jax_import = None
+
+
+def _jax_from_capsule(jax, capsule, dev, ext):
+    """jaxlib's own import of a DLPack capsule onto `dev`, its readiness taken from stream
+    `ext` (what jax.dlpack.from_dlpack does after its checks); the public function where
+    jaxlib's differs."""
+    global _jax_import
+    if _jax_import is None:
+        try:
+            from jax._src.lib import _jax as _jaxlib, jaxlib_extension_version
+
+            f = _jaxlib.dlpack_managed_tensor_to_buffer
+            if jaxlib_extension_version >= 467:
+                _jax_import = lambda c, d, s: f(c, d, s, None, 2)  # noqa: E731 - kDLCUDA
+            else:
+                _jax_import = lambda c, d, s: f(c, d, s, None)  # noqa: E731
+        except (ImportError, AttributeError):
+            _jax_import = lambda c, d, s: jax.dlpack.from_dlpack(_Capsule(c, d))  # noqa: E731
+    return _jax_import(capsule, dev, ext)
+
+
+class _Capsule:
+    """A DLPack capsule made already, for jax.dlpack.from_dlpack."""
+
+    def __init__(self, capsule, dev):
+        self.capsule, self.dev = capsule, dev
+
+    def __dlpack__(self, stream=None, **_):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (2, self.dev.local_hardware_id)
 
 
 # ---------------------------------------------------------------------------------------

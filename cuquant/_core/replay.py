@@ -86,12 +86,16 @@ def replayable(op):
                 return dask_call(call, op.__name__, args, dict(kwargs, stream=stream))
             if args and _compiling(args[0]):
                 return _torch_route(call, args, dict(kwargs, stream=stream))
+            if args and type(args[0]).__module__.startswith(_JAX) and _jax_traced(args, kwargs):
+                return JAX_OPS.route(call, args, dict(kwargs, stream=stream))
             return op(*args, stream=stream, **kwargs)
         x = args[0]
         tx = type(x)
         if tx is not ND or not x._c_contiguous:
             if tx is TT or (TT is None and tx.__module__ == "torch"):
                 return _torch_call(op, call, x, args, kwargs)
+            if tx.__module__.startswith(_JAX) and _jax_traced(args, kwargs):
+                return JAX_OPS.route(call, args, kwargs)  # inside jax.jit
             if is_dask(x):  # chunk by chunk, each through this op
                 return dask_call(call, op.__name__, args, kwargs)
             return op(*args, **kwargs)
@@ -136,6 +140,9 @@ def _torch_call(op, call, x, args, kwargs):
 
 
 TORCH_PLACE = None  # device -> the TorchStream of torch's current stream (set by _cuda.launch)
+# (stream ptr, device, output buffers) -> a CuPy stream handing out those buffers as a call's
+# outputs (set by _cuda.launch; for _core.jax_ops).
+GIVEN_STREAM = None
 
 
 def _compiling(x) -> bool:
@@ -175,6 +182,36 @@ def _register_torch_ops() -> bool:
 
 
 _register_torch_ops._dynamo_marked_constant = True  # torch._dynamo.assume_constant_result
+
+
+NOT_TRACED = object()
+
+
+def traced_route(call, x, args, kwargs):
+    """For an op without the replay path: the call as a torch custom op while torch.compile
+    traces it, or as a buffer callback while JAX traces it (x its first array); else
+    NOT_TRACED."""
+    if type(x).__module__.startswith("torch"):
+        if _compiling(x):
+            return _torch_route(call, args, kwargs)
+    elif type(x).__module__.startswith(_JAX) and _jax_traced(args, kwargs):
+        return JAX_OPS.route(call, args, kwargs)
+    return NOT_TRACED
+
+
+_JAX = ("jax", "jaxlib")
+JAX_OPS = None  # _core.jax_ops, imported once a JAX array arrives
+
+
+def _jax_traced(args, kwargs) -> bool:
+    """Whether a call whose first array is a JAX one is being traced (by jax.jit)."""
+    global JAX_OPS
+    if JAX_OPS is None:
+        from . import jax_ops
+
+        jax_ops.GIVEN_STREAM = GIVEN_STREAM
+        JAX_OPS = jax_ops
+    return JAX_OPS.traced(args, kwargs)
 
 
 def _key_rest(key, ptrs, device, args, kwargs):

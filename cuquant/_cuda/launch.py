@@ -11,7 +11,7 @@ import threading
 import numpy as np
 
 from .._core import replay as _replay
-from .._core.arrays import HOST, cupy_module, outcome, require_cupy
+from .._core.arrays import HOST, cupy_module, jax_stream_ptr, outcome, require_cupy
 
 _props: dict = {}
 _workspaces: dict = {}
@@ -30,6 +30,8 @@ def run(like, stream, fn, *args):
     (`TorchStream`)."""
     if like.family == "torch":
         return _run_torch(like, stream, fn, args)
+    if like.family == "jax" and like.device != HOST:
+        return _run_jax(like, stream, fn, args)
     if stream is None and _get_device() == like.device:
         arrays, fp8 = fn(_current_stream(), *args)
     else:
@@ -60,6 +62,59 @@ def _run_torch(like, stream, fn, args):
     arrays = tuple([r if isinstance(r, torch.Tensor) else outcome(like, r, fp8 and i == 0)
                     for i, r in enumerate(arrays)])
     return arrays[0] if len(arrays) == 1 else arrays
+
+
+def _run_jax(like, stream, fn, args):
+    """A JAX eager call: launched on the stream JAX takes external work from on the array's
+    device (`jax_stream`, or `stream`), its outputs handed to JAX there, so that JAX's own
+    work on them is ordered after the launch."""
+    cp = cupy_module()
+    if stream is None:
+        stream = jax_stream(like.device)
+    with cp.cuda.Device(like.device), stream:
+        arrays, fp8 = fn(stream, *args)
+        arrays = tuple([outcome(like, r, fp8 and i == 0) for i, r in enumerate(arrays)])
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+_jax_streams: dict = {}  # CUDA ordinal -> CuPy stream
+
+
+def jax_stream(device: int):
+    """The stream JAX takes external work from on `device` (its stream for external ready
+    events, as a CuPy stream; made once)."""
+    s = _jax_streams.get(device)
+    if s is None:
+        import warnings
+
+        cp = cupy_module()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = cp.cuda.ExternalStream(jax_stream_ptr(device), device)
+        _jax_streams[device] = s
+    return s
+
+
+_given_type = None
+
+
+def given_stream(ptr: int, device: int, outs):
+    """A CuPy stream for `ptr` that carries the buffers a caller has for a call's outputs
+    (address, shape, dtype each): `Outputs.make` hands them out, once, when they are what
+    it would make (XLA's output buffers in a jax.jit call, `_core.jax_ops`)."""
+    global _given_type
+    cp = cupy_module()
+    if _given_type is None:
+        class GivenStream(cp.cuda.ExternalStream):
+            pass
+        _given_type = GivenStream
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        s = _given_type(ptr, device)
+    s.given = list(outs)
+    return s
 
 
 def _torch():
@@ -194,6 +249,13 @@ class Launch:
         self._pack(vals, 0, *args)
         _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr, addr, 0)
 
+    def with_struct(self, grid: int, threads: int, stream, data) -> None:
+        """Launch a kernel whose one argument is a struct passed by value, `data` its bytes
+        (a ctypes buffer): the driver copies it at the launch."""
+        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(data))
+        _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
+                             ctypes.addressof(ptrs), 0)
+
 
 class Outputs:
     """The output arrays of one kind of call, C-contiguous, each 256-byte aligned; their
@@ -221,7 +283,28 @@ class Outputs:
             if maker is None:
                 maker = self._torch = _torch_maker(self.parts)
             return maker(stream.torch_device)
+        if type(stream) is _given_type and stream.given:
+            return self._take(stream)
         return self._cupy()
+
+    def _take(self, stream):
+        """The caller's buffers when they are these outputs (each once), else new ones."""
+        given = stream.given
+        if len(given) != len(self.parts) or any(
+                shape != tuple(s) or dt != np.dtype(_cupy_type(d))
+                for (_, shape, dt), (s, d, _) in zip(given, self.parts)):
+            return self._cupy()
+        stream.given = None
+        cp = cupy_module()
+        arrays = []
+        for p, shape, dt in given:
+            n = math.prod(shape) * dt.itemsize
+            if n:
+                mem = cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(p, n, None), 0)
+                arrays.append(cp.ndarray(shape, dt, mem))
+            else:
+                arrays.append(cp.empty(shape, dt))
+        return tuple(arrays), tuple([p for p, _, _ in given])
 
 
 
@@ -387,8 +470,9 @@ def _torch_place(device: int) -> TorchStream:
 
 
 _replay.TORCH_PLACE = _torch_place
+_replay.GIVEN_STREAM = given_stream
 
 
-__all__ = ["HOST", "NULL", "run", "TorchStream", "torch_stream", "torch_stream_ptr", "torch_dtype", "props", "resident_blocks", "workspace",
+__all__ = ["HOST", "NULL", "run", "jax_stream", "given_stream", "TorchStream", "torch_stream", "torch_stream_ptr", "torch_dtype", "props", "resident_blocks", "workspace",
            "fastdiv", "blocks_for", "Launch", "f32_bits", "Outputs", "remember", "plan_table",
            "clear_plans"]
