@@ -252,6 +252,27 @@ def _item_fields(item, op: str, i: int):
                     + (f" of length {len(item)}" if isinstance(item, (tuple, list)) else ""))
 
 
+def _dq_batched(a):
+    out = float_named(a["dtype"])
+    res = []
+    for i, item in enumerate(a["items"]):
+        q, _p, bits, _s, _g = _item_fields(item, "dequantize_groupwise_batched", i)
+        shape = tuple(q.shape)
+        res.append(Out(shape[:-1] + (shape[-1] * 2,) if bits == 4 else shape, out))
+    return res
+
+
+def _first_q(items):
+    """The first item's q when it is an array of torch or JAX (else None)."""
+    if type(items) not in (list, tuple) or not items:
+        return None
+    item = items[0]
+    q = item.get("q") if isinstance(item, dict) else (
+        item[0] if isinstance(item, (tuple, list)) and item else None)
+    return q if type(q).__module__.startswith(("torch", "jax")) else None
+
+
+@declare(_dq_batched, many=True)
 def dequantize_groupwise_batched(items, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize many tensors of `quantize_groupwise` in one kernel launch.
 
@@ -272,10 +293,17 @@ def dequantize_groupwise_batched(items, dtype, *, stream=None, policy=DEFAULT_PO
     -------
     list of arrays of `dtype`
         ``dequantize_groupwise(*item, dtype)`` for each item, in order, each in the array
-        family of its q. On a GPU the whole list costs one kernel launch (plus one
-        host-to-device copy of a small table of pointers and sizes).
+        family of its q. On a GPU every 63 items with work cost one kernel launch, its table
+        of addresses and sizes passed as the kernel's argument (nothing is copied to the
+        device, so a call can be captured in a CUDA graph).
     """
     op = "dequantize_groupwise_batched"
+    first = _first_q(items)
+    if first is not None:  # traced by torch.compile or jax.jit: the op as a whole
+        routed = _fast.traced_route(dequantize_groupwise_batched, first, (items, dtype),
+                                    {"stream": stream, "policy": policy})
+        if routed is not _fast.NOT_TRACED:
+            return routed
     policy = check_policy(policy, op)
     batch = _batch_key(items, dtype, policy) if stream is None else None
     if batch is not None:
