@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 cp = pytest.importorskip("cupy")
 
-OPS = [op for op in testing.all_ops() if op.name != "dequantize_groupwise_batched"]
+OPS = list(testing.all_ops())
 CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
          for i, op in enumerate(OPS) for j, variant in enumerate(op.variants)]
 SHAPES = ((16, 4096), (130, 7168))
@@ -25,6 +25,8 @@ def _to_torch(v):
         if v.dtype.name == "bfloat16":
             return torch.from_dlpack(v.view(np.int16)).view(torch.bfloat16).clone()
         return torch.from_dlpack(v).clone()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_torch(e) for e in v)
     return v
 
 
@@ -37,8 +39,8 @@ def _bits(a):
 
 
 def _same(t, c):
-    t = t if isinstance(t, tuple) else (t,)
-    c = c if isinstance(c, tuple) else (c,)
+    t = tuple(t) if isinstance(t, (tuple, list)) else (t,)
+    c = tuple(c) if isinstance(c, (tuple, list)) else (c,)
     assert len(t) == len(c)
     for a, b in zip(t, c):
         assert tuple(a.shape) == b.shape
