@@ -242,7 +242,7 @@ def outcome(like: In, data, fp8: bool = False):
         return data
     if family == "torch":
         return as_torch(data, fp8)
-    return _to_jax(like, data, fp8)
+    return to_jax(like, data, fp8)
 
 
 def as_torch(data, fp8: bool = False):
@@ -263,16 +263,19 @@ def as_torch(data, fp8: bool = False):
     return out.view(torch.float8_e4m3fn) if fp8 else out
 
 
-def _to_jax(like, data, fp8):
+def to_jax(like, data, fp8=False, keep=None):
     """A result as a JAX array. On a GPU, handed to JAX without a copy through DLPack,
     ordered on the stream JAX takes external work from (the current stream is the launch
     stream); bfloat16 and float8_e4m3fn go as 16- and 8-bit integers whose DLPack type code
-    is rewritten, so that no JAX op is dispatched to view them back."""
+    is rewritten, so that no JAX op is dispatched to view them back. `keep` (the call's
+    inputs) lives as long as the result: JAX does not know the launch read them, and
+    would otherwise give their memory to new arrays as soon as the caller drops them."""
     jax = sys.modules["jax"]
     if like.device == HOST:
         return jax.device_put(data, next(iter(like.source.devices())))
+    cp = _cupy
     if not data._c_contiguous:
-        data = _cupy.ascontiguousarray(data)
+        data = cp.ascontiguousarray(data)
     dev, ext = _JAX_DEVICES[like.device]
     dt = data.dtype
     code = None
@@ -280,6 +283,9 @@ def _to_jax(like, data, fp8):
         data, code = data.view(np.uint8), _DL_FLOAT8_E4M3FN
     elif dt == _BF16:
         data, code = data.view(np.uint16), _DL_BFLOAT
+    if keep is not None and data.size:
+        mem = cp.cuda.UnownedMemory(data.data.ptr, data.nbytes, (data, keep), like.device)
+        data = cp.ndarray(data.shape, data.dtype, cp.cuda.MemoryPointer(mem, 0))
     capsule = data.__dlpack__(stream=ext or 1)  # 1: the legacy default stream
     if code is not None:
         _set_dlpack_code(capsule, code)
@@ -308,10 +314,10 @@ def _set_dlpack_code(capsule, code: int) -> None:
 _jax_import = None
 
 
-def _jax_from_capsule(jax, capsule, dev, ext):
-    """jaxlib's own import of a DLPack capsule onto `dev`, its readiness taken from stream
-    `ext` (what jax.dlpack.from_dlpack does after its checks); the public function where
-    jaxlib's differs."""
+def _jax_from_capsule(jax, capsule, dev, ext, kind: int = 2):
+    """jaxlib's own import of a DLPack capsule onto `dev` (DLPack device type `kind`: 2 is
+    CUDA), its readiness taken from stream `ext` (what jax.dlpack.from_dlpack does after
+    its checks); the public function where jaxlib's differs."""
     global _jax_import
     if _jax_import is None:
         try:
@@ -319,25 +325,26 @@ def _jax_from_capsule(jax, capsule, dev, ext):
 
             f = _jaxlib.dlpack_managed_tensor_to_buffer
             if jaxlib_extension_version >= 467:
-                _jax_import = lambda c, d, s: f(c, d, s, None, 2)  # noqa: E731 - kDLCUDA
+                _jax_import = lambda c, d, s, k: f(c, d, s, None, k)  # noqa: E731
             else:
-                _jax_import = lambda c, d, s: f(c, d, s, None)  # noqa: E731
+                _jax_import = lambda c, d, s, k: f(c, d, s, None)  # noqa: E731
         except (ImportError, AttributeError):
-            _jax_import = lambda c, d, s: jax.dlpack.from_dlpack(_Capsule(c, d))  # noqa: E731
-    return _jax_import(capsule, dev, ext)
+            _jax_import = lambda c, d, s, k: jax.dlpack.from_dlpack(  # noqa: E731
+                _Capsule(c, d, k))
+    return _jax_import(capsule, dev, ext, kind)
 
 
 class _Capsule:
     """A DLPack capsule made already, for jax.dlpack.from_dlpack."""
 
-    def __init__(self, capsule, dev):
-        self.capsule, self.dev = capsule, dev
+    def __init__(self, capsule, dev, kind):
+        self.capsule, self.dev, self.kind = capsule, dev, kind
 
     def __dlpack__(self, stream=None, **_):
         return self.capsule
 
     def __dlpack_device__(self):
-        return (2, self.dev.local_hardware_id)
+        return (self.kind, self.dev.local_hardware_id)
 
 
 # ---------------------------------------------------------------------------------------

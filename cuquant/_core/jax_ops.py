@@ -19,6 +19,10 @@ from jax.experimental.buffer_callback import buffer_callback
 from . import declare as _declare
 
 _Tracer = jax.core.Tracer
+try:  # an eager array's type (jaxlib's ArrayImpl): the replay path takes these
+    from jax._src.array import ArrayImpl as ARRAY_TYPE
+except ImportError:
+    ARRAY_TYPE = None
 # (stream ptr, device, output buffers) -> a CuPy stream handing those buffers out as the
 # call's outputs (`_cuda.launch.given_stream`; set by `_core.replay` on import).
 GIVEN_STREAM = None

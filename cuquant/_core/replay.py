@@ -94,8 +94,10 @@ def replayable(op):
         if tx is not ND or not x._c_contiguous:
             if tx is TT or (TT is None and tx.__module__ == "torch"):
                 return _torch_call(op, call, x, args, kwargs)
-            if tx.__module__.startswith(_JAX) and _jax_traced(args, kwargs):
-                return JAX_OPS.route(call, args, kwargs)  # inside jax.jit
+            if tx.__module__.startswith(_JAX):
+                if _jax_traced(args, kwargs):
+                    return JAX_OPS.route(call, args, kwargs)  # inside jax.jit
+                return _jax_call(op, x, args, kwargs)
             if is_dask(x):  # chunk by chunk, each through this op
                 return dask_call(call, op.__name__, args, kwargs)
             return op(*args, **kwargs)
@@ -201,22 +203,72 @@ def traced_route(call, x, args, kwargs):
 
 _JAX = ("jax", "jaxlib")
 JAX_OPS = None  # _core.jax_ops, imported once a JAX array arrives
+JT = None  # JAX's array type (jaxlib's ArrayImpl), set by `_jax_traced`
+# device -> (the CuPy stream JAX takes external work from, its handle) and the function
+# handing a result to JAX (`arrays.to_jax`); set by _cuda.launch.
+JAX_PLACE = JAX_RESULT = None
+_jax_fp8: dict = {}  # replay key -> which outputs of a JAX call hold fp8 codes
+
+
+def _jax_call(op, x, args, kwargs):
+    """An eager call whose first array is a JAX array: a C-contiguous one on the current
+    CUDA device takes its replay when one is kept (launched on the stream JAX takes
+    external work from, after that stream waits for inputs still being computed; results
+    handed to JAX as the whole way does), else the whole way."""
+    if type(x) is not JT or JAX_PLACE is None:
+        return op(*args, **kwargs)
+    sharding = x.sharding
+    devices = sharding.device_set
+    if len(devices) != 1:
+        return op(*args, **kwargs)
+    dev = next(iter(devices))
+    if dev.platform == "cpu":
+        return op(*args, **kwargs)
+    device = dev.local_hardware_id
+    p = x.unsafe_buffer_pointer() if x.size else 0
+    ptrs, waits = [p], [x]
+    key = (op, x.shape, x.dtype, p & 15, device)
+    if len(args) > 1 or kwargs:
+        key = _key_rest(key, ptrs, device, args[1:], kwargs, waits)
+        if key is None:
+            return op(*args, **kwargs)
+    replay = _table.get(key)
+    fp8 = _jax_fp8.get(key)
+    if replay is None or fp8 is None or _device() != device:
+        result = _first(op, key, args, kwargs)
+        if key in _table:
+            res = result if isinstance(result, tuple) else (result,)
+            if len(_jax_fp8) >= PLAN_LIMIT:
+                _jax_fp8.clear()
+            _jax_fp8[key] = tuple([r.dtype.name == "float8_e4m3fn" for r in res])
+        return result
+    stream, handle = JAX_PLACE(device)
+    for a in waits:
+        if not a.is_ready():
+            a.__dlpack__(stream=handle or 1)  # the stream waits for it on the device
+    with stream:
+        res = replay(stream, ptrs)
+        if isinstance(res, tuple):
+            return tuple([JAX_RESULT(device, r, f, waits) for r, f in zip(res, fp8)])
+        return JAX_RESULT(device, res, fp8[0], waits)
 
 
 def _jax_traced(args, kwargs) -> bool:
     """Whether a call whose first array is a JAX one is being traced (by jax.jit)."""
-    global JAX_OPS
+    global JAX_OPS, JT
     if JAX_OPS is None:
         from . import jax_ops
 
         jax_ops.GIVEN_STREAM = GIVEN_STREAM
+        JT = jax_ops.ARRAY_TYPE
         JAX_OPS = jax_ops
     return JAX_OPS.traced(args, kwargs)
 
 
-def _key_rest(key, ptrs, device, args, kwargs):
+def _key_rest(key, ptrs, device, args, kwargs, waits=None):
     """The key extended by the arguments after x (their addresses appended to ptrs), or
-    None when one of them cannot be in a key."""
+    None when one of them cannot be in a key. JAX arrays are taken when `waits` is given
+    (and appended to it)."""
     for a in args:
         t = type(a)
         if t in _PLAIN:
@@ -232,6 +284,15 @@ def _key_rest(key, ptrs, device, args, kwargs):
                 return None
             p = a.data_ptr()
             ptrs.append(p)
+            key += (a.shape, a.dtype, p & 15)
+        elif t is JT and waits is not None:
+            devices = a.sharding.device_set
+            if len(devices) != 1 or next(iter(devices)).local_hardware_id != device or \
+                    next(iter(devices)).platform == "cpu":
+                return None
+            p = a.unsafe_buffer_pointer() if a.size else 0
+            ptrs.append(p)
+            waits.append(a)
             key += (a.shape, a.dtype, p & 15)
         elif _plain(a):
             key += (t, a)

@@ -11,7 +11,7 @@ import struct
 import numpy as np
 
 from .._core import replay as _fast
-from .._core.arrays import contiguous, cupy_module, outcome, require_cupy
+from .._core.arrays import contiguous, cupy_module, outcome, require_cupy, to_jax
 from .._core.dtypes import FLOATS, INT4, INT8, FloatType
 from .._core.validate import BITS
 from .._numpy.groupwise import packed_shape, unpacked_shape
@@ -139,7 +139,9 @@ def batched(checked, out: FloatType, stream, batch=None):
             return [outcome(a, r) for (a, *_rest), r in zip(checked, results)]
         with stream:  # results handed over on the launch stream
             results = _run_batched(checked, out, stream, device)
-            return [outcome(a, r) for (a, *_rest), r in zip(checked, results)]
+            # JAX results keep the inputs alive (see `to_jax`)
+            return [to_jax(a, r, False, checked) if a.family == "jax" else outcome(a, r)
+                    for (a, *_rest), r in zip(checked, results)]
 
 
 def _run_batched(checked, out, stream, device, batch=None):

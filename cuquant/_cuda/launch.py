@@ -11,7 +11,7 @@ import threading
 import numpy as np
 
 from .._core import replay as _replay
-from .._core.arrays import HOST, cupy_module, jax_stream_ptr, outcome, require_cupy
+from .._core.arrays import HOST, In, cupy_module, jax_stream_ptr, outcome, require_cupy, to_jax
 
 _props: dict = {}
 _workspaces: dict = {}
@@ -73,7 +73,7 @@ def _run_jax(like, stream, fn, args):
         stream = jax_stream(like.device)
     with cp.cuda.Device(like.device), stream:
         arrays, fp8 = fn(stream, *args)
-        arrays = tuple([outcome(like, r, fp8 and i == 0) for i, r in enumerate(arrays)])
+        arrays = tuple([to_jax(like, r, fp8 and i == 0, args) for i, r in enumerate(arrays)])
     return arrays[0] if len(arrays) == 1 else arrays
 
 
@@ -471,6 +471,18 @@ def _torch_place(device: int) -> TorchStream:
 
 _replay.TORCH_PLACE = _torch_place
 _replay.GIVEN_STREAM = given_stream
+
+
+def _jax_place(device: int):
+    """The stream JAX takes external work from on `device`, as a CuPy stream and a handle."""
+    return jax_stream(device), jax_stream_ptr(device)
+
+
+def _jax_result(device: int, data, fp8: bool, keep):
+    return to_jax(In(None, "jax", device, None), data, fp8, keep)
+
+
+_replay.JAX_PLACE, _replay.JAX_RESULT = _jax_place, _jax_result
 
 
 __all__ = ["HOST", "NULL", "run", "jax_stream", "given_stream", "TorchStream", "torch_stream", "torch_stream_ptr", "torch_dtype", "props", "resident_blocks", "workspace",
