@@ -113,7 +113,7 @@ def given_stream(ptr: int, device: int, outs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         s = _given_type(ptr, device)
-    s.given = list(outs)
+    s.given, s.given_device = list(outs), device
     return s
 
 
@@ -300,7 +300,8 @@ class Outputs:
         for p, shape, dt in given:
             n = math.prod(shape) * dt.itemsize
             if n:
-                mem = cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(p, n, None), 0)
+                mem = cp.cuda.MemoryPointer(
+                    cp.cuda.UnownedMemory(p, n, None, stream.given_device), 0)
                 arrays.append(cp.ndarray(shape, dt, mem))
             else:
                 arrays.append(cp.empty(shape, dt))

@@ -340,3 +340,21 @@ def test_a_batch_past_a_tables_items_takes_a_launch_a_table(recorded, monkeypatc
         assert grid == starts[-1] + (starts[1] - starts[0])  # items of one size
     addresses = [int(r[0]) for t in tables for r in _rows(t)[0]]
     assert addresses == [it[0].data.ptr for it in items]
+
+
+def test_given_outputs_are_taken_once_and_only_when_they_fit(recorded):
+    """A call's output buffers given with the stream (XLA's, in a jax.jit call) become the
+    outputs when they are what the call makes, once; otherwise the call allocates."""
+    mem, _ = recorded
+    fit = [(1 << 20, (4, 8), np.dtype(np.uint8)), (1 << 21, (4,), np.dtype(np.float32))]
+    outputs = _gpu.Outputs(((4, 8), ml_dtypes.float8_e4m3fn), ((4,), np.float32))
+    stream = _gpu.given_stream(1234, 0, fit)
+    arrays, ptrs = outputs.make(stream)
+    assert ptrs == (1 << 20, 1 << 21) and [a.data.ptr for a in arrays] == list(ptrs)
+    assert [(a.shape, a.dtype) for a in arrays] == [((4, 8), np.uint8), ((4,), np.float32)]
+    _, again = outputs.make(stream)  # taken already: allocated
+    assert again[0] == mem.ptr
+    for wrong in ([fit[0]], [fit[0], (1 << 21, (5,), np.dtype(np.float32))],
+                  [fit[0], (1 << 21, (4,), np.dtype(np.float16))]):
+        _, ptrs = outputs.make(_gpu.given_stream(1234, 0, wrong))
+        assert ptrs[0] == mem.ptr
