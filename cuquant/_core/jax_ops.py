@@ -97,41 +97,35 @@ def route(call, args, kwargs):
             shapes.append(jax.ShapeDtypeStruct((g, -(-m // 4) * 4), dt))
         else:
             shapes.append(jax.ShapeDtypeStruct(o.shape, dt))
-    gpu = any(d.platform != "cpu" for d in _platform_devices(arrays))
-    fn = _gpu_callback if gpu else _cpu_callback
-    results = buffer_callback(_Callback(fn, call, a_spec, k_spec, outs), shapes)(*arrays)
+    results = buffer_callback(_Callback(call, a_spec, k_spec, outs), shapes)(*arrays)
     results = [r[:, :o.shape[0]].T if o.column else r for r, o in zip(results, outs)]
     if call.__cuquant_many__:
         return list(results)
     return results[0] if len(results) == 1 else tuple(results)
 
 
-def _platform_devices(arrays):
-    """The devices the traced computation is placed on (the default backend's when the
-    arrays do not say)."""
-    for a in arrays:
-        if not isinstance(a, _Tracer):
-            return list(a.devices())
-    return [jax.devices()[0]]
-
-
 class _Callback:
     """The function XLA calls: runs the public function on the buffers."""
 
-    __slots__ = ("fn", "call", "a_spec", "k_spec", "outs", "__weakref__")
+    __slots__ = ("call", "a_spec", "k_spec", "outs", "__weakref__")
 
-    def __init__(self, fn, call, a_spec, k_spec, outs):
-        self.fn, self.call, self.a_spec, self.k_spec, self.outs = fn, call, a_spec, k_spec, outs
+    def __init__(self, call, a_spec, k_spec, outs):
+        self.call, self.a_spec, self.k_spec, self.outs = call, a_spec, k_spec, outs
 
     def __call__(self, ctx, out_buffers, *buffers):
-        self.fn(self, ctx, out_buffers, buffers)
+        try:
+            handle = ctx.stream  # XLA's stream on a GPU; the CPU has none
+        except Exception:  # noqa: BLE001 - jaxlib's error for a computation on the CPU
+            _cpu_callback(self, out_buffers, buffers)
+            return
+        _gpu_callback(self, handle, out_buffers, buffers)
 
 
 def _results(call, res):
     return list(res) if isinstance(res, (tuple, list)) else [res]
 
 
-def _cpu_callback(cb, ctx, out_buffers, buffers):
+def _cpu_callback(cb, out_buffers, buffers):
     arrays = [np.asarray(b) for b in buffers]
     res = _results(cb.call, cb.call(*_join(cb.a_spec, arrays), **_join(cb.k_spec, arrays)))
     for r, o, b in zip(res, cb.outs, out_buffers):
@@ -141,7 +135,7 @@ def _cpu_callback(cb, ctx, out_buffers, buffers):
         np.copyto(dst, np.asarray(r).view(dst.dtype) if r.dtype != dst.dtype else r)
 
 
-def _gpu_callback(cb, ctx, out_buffers, buffers):
+def _gpu_callback(cb, handle, out_buffers, buffers):
     import cupy as cp
 
     ptrs = [b.__cuda_array_interface__["data"][0] for b in buffers]
@@ -149,7 +143,7 @@ def _gpu_callback(cb, ctx, out_buffers, buffers):
             for b in out_buffers]
     device = _device_of([p for p in ptrs + [o[0] for o in outs] if p])
     with cp.cuda.Device(device):
-        stream = GIVEN_STREAM(ctx.stream, device, outs)
+        stream = GIVEN_STREAM(handle, device, outs)
         arrays = [_view(cp, p, tuple(b.shape), _cupy_dtype(b.dtype), device)
                   for p, b in zip(ptrs, buffers)]
         with stream:
