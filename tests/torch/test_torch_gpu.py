@@ -54,6 +54,36 @@ def _inputs(op, variant, rng, shape):
     return args, kwargs, [_to_torch(a) for a in args], {k: _to_torch(v) for k, v in kwargs.items()}
 
 
+def _rolled(v):
+    """v with each array's elements moved one place along (the same shapes and dtypes)."""
+    if isinstance(v, torch.Tensor):
+        return torch.roll(v.flatten(), 1).view(v.shape).clone()
+    if isinstance(v, cp.ndarray):
+        return cp.roll(v.ravel(), 1).reshape(v.shape)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_rolled(e) for e in v)
+    return v
+
+
+def _new_inputs(op, variant, rng, args, kwargs):
+    """Inputs for a captured call's replay: a new draw, or for the batched op (whose draw
+    picks new shapes) the same arrays rolled; returned as _inputs returns them."""
+    if op.name != "dequantize_groupwise_batched":
+        return _inputs(op, variant, rng, (16, 4096))
+    new, new_kw = _rolled(list(args)), _rolled(kwargs)
+    return new, new_kw, new, new_kw
+
+
+def _copy_into(old, new):
+    for a, b in zip(old, new):
+        if isinstance(a, torch.Tensor):
+            a.copy_(b)
+        elif isinstance(a, cp.ndarray):
+            a[...] = b
+        elif isinstance(a, (list, tuple)):
+            _copy_into(a, b)
+
+
 @pytest.mark.parametrize("op, variant", CASES)
 def test_torch_in_equals_cupy_in(op, variant, rng):
     for shape in SHAPES:
@@ -75,7 +105,7 @@ def test_torch_graph_replays_eager(op, variant, rng):
     """Captured by torch.cuda.graph after a warm-up; replayed twice on new input, and on
     another stream; outputs equal an eager call on that input."""
     args, kwargs, targs, tkw = _inputs(op, variant, rng, (16, 4096))
-    _, _, new_args, new_kw = _inputs(op, variant, rng, (16, 4096))
+    _, _, new_args, new_kw = _new_inputs(op, variant, rng, targs, tkw)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -84,9 +114,7 @@ def test_torch_graph_replays_eager(op, variant, rng):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = op.fn(*targs, **tkw)
-    for a, b in zip(targs + list(tkw.values()), new_args + list(new_kw.values())):
-        if isinstance(a, torch.Tensor):
-            a.copy_(b)
+    _copy_into(targs + list(tkw.values()), new_args + list(new_kw.values()))
     want = op.fn(*new_args, **new_kw)
     g.replay()
     g.replay()
@@ -135,10 +163,8 @@ def test_cupy_capture_replays_eager(op, variant, rng):
         s.begin_capture()
         out = op.fn(*args, **kwargs)
         graph = s.end_capture()
-        new, new_kw, _, _ = _inputs(op, variant, rng, (16, 4096))
-        for a, b in zip(list(args) + list(kwargs.values()), list(new) + list(new_kw.values())):
-            if isinstance(a, cp.ndarray):
-                a[...] = b
+        new, new_kw, _, _ = _new_inputs(op, variant, rng, args, kwargs)
+        _copy_into(list(args) + list(kwargs.values()), list(new) + list(new_kw.values()))
         graph.launch(s)
         graph.launch(s)
         s.synchronize()
