@@ -73,6 +73,13 @@ def environment() -> dict:
         env["torch"] = torch.__version__
     except ImportError:
         env["torch"] = None
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # CuPy shares the GPU
+    try:
+        import jax
+
+        env["jax"] = jax.__version__ if jax.devices("gpu") else None
+    except Exception:  # noqa: BLE001 - no JAX, or no GPU for it
+        env["jax"] = None
     return env
 
 
@@ -154,6 +161,8 @@ def run(opts, checkpoint=None) -> list[dict]:
                     if shape in testing.SMALL_SHAPES:
                         host.add(len(rows), call)
                         row.update(host.result(len(rows)))
+                    if shape in testing.SMALL_SHAPES[:2] or shape == testing.HEADLINE:
+                        _families(op, args, kwargs, shape, host, rows, row, env)
                     if op.alternative is not None:
                         alt = op.alternative(args, kwargs)
                         row["alternative"] = op.alternative_name
@@ -185,8 +194,52 @@ def run(opts, checkpoint=None) -> list[dict]:
               flush=True)
         host.passes(opts.host_passes - 1)
         for i in host.calls:
-            rows[i].update(host.result(i))
+            if isinstance(i, tuple):  # another family's call of row i[0]
+                rows[i[0]][f"host_{i[1]}_us"] = host.result(i)["host_us"]
+            else:
+                rows[i].update(host.result(i))
     return env, copy_bw, rows
+
+
+def _families(op, args, kwargs, shape, host, rows, row, env):
+    """The same call with torch tensors (directly and through its torch custom op) and with
+    JAX arrays: host times at the small shapes; at the headline shape, 100 back-to-back
+    calls with CuPy arrays and with torch tensors."""
+    fp8 = op.family == "fp8" and op.kind == "dequantize"
+    headline = shape == testing.HEADLINE
+    calls = {}
+    if env.get("torch"):
+        import torch
+
+        from cuquant._core import torch_ops
+
+        targs = harness.arrays_as(list(args), lambda a: harness.cupy_to_torch(a, fp8))
+        tkw = harness.arrays_as(kwargs, harness.cupy_to_torch)
+        calls["torch"] = lambda: op.fn(*targs, **tkw)  # noqa: E731
+    if env.get("torch") and not headline:
+        torch_ops.register()
+        tensors: list = []
+        spec = torch_ops._encode(torch_ops._split(tuple(targs), tensors),
+                                 torch_ops._split(tkw, tensors))
+        custom = getattr(torch.ops.cuquant, op.name)
+        calls["customop"] = lambda: custom(tensors, spec)  # noqa: E731
+    if env.get("jax") and not headline:
+        jargs = harness.arrays_as(list(args), lambda a: harness.cupy_to_jax(a, fp8))
+        jkw = harness.arrays_as(kwargs, harness.cupy_to_jax)
+        calls["jax"] = lambda: op.fn(*jargs, **jkw)  # noqa: E731
+    for name, fn in calls.items():
+        try:
+            fn()
+            if headline:
+                if name == "torch":
+                    row["b2b_us"] = harness.back_to_back_us(lambda: op.fn(*args, **kwargs))
+                    row["b2b_torch_us"] = harness.back_to_back_us(fn)
+            else:
+                key = (len(rows), name)
+                host.add(key, fn)
+                row[f"host_{name}_us"] = host.result(key)["host_us"]
+        except Exception as e:  # noqa: BLE001 - a family may not take the op
+            print(f"  {name} call: {type(e).__name__}: {e}"[:200])
 
 
 COLUMNS = [("op", "op"), ("variant", "variant"), ("dtype", "dtype"), ("shape", "shape"),
@@ -194,6 +247,9 @@ COLUMNS = [("op", "op"), ("variant", "variant"), ("dtype", "dtype"), ("shape", "
            ("host_us", "host us"), ("launch_us", "empty launch us"), ("host_cpu", "CPU"),
            ("host_median_us", "host us, median pass"),
            ("launch_median_us", "empty launch us, median"),
+           ("host_torch_us", "host us, torch in"), ("host_customop_us", "host us, torch custom op"),
+           ("host_jax_us", "host us, JAX in"),
+           ("b2b_us", "100 back to back, us a call"), ("b2b_torch_us", "the same, torch in"),
            ("eager_frac", "torch eager"),
            ("compile_frac", "torch.compile"), ("cupy_frac", "naive CuPy"),
            ("alternative", "compared with"), ("alternative_us", "its time us"),
@@ -206,7 +262,8 @@ def _fmt(key, v):
     if key in ("frac_copy", "eager_frac", "compile_frac", "cupy_frac", "target"):
         return f"{v:.3f}"
     if key in ("us", "host_us", "launch_us", "host_median_us", "launch_median_us",
-               "alternative_us", "wall_us", "alternative_wall_us"):
+               "alternative_us", "wall_us", "alternative_wall_us", "host_torch_us",
+               "host_customop_us", "host_jax_us", "b2b_us", "b2b_torch_us"):
         return f"{v:.1f}"
     if key == "tbps":
         return f"{v:.3f}"
@@ -231,7 +288,12 @@ def markdown(env, copy_bw, rows) -> str:
             "was quickest at the time; `empty launch us` and `CPU` are that pass's empty "
             "launch, measured the same way right after the call's, and its CPU; "
             "`host us, median pass` and `empty launch us, median` are the medians over the passes, which other processes' load on the machine "
-            "can slow.", "",
+            "can slow. `host us, torch in`, `host us, torch custom op` and `host us, JAX in` "
+            "are the same call's host time (lowest pass) with torch tensors, through "
+            "`torch.ops.cuquant.<op>` and with JAX arrays. At the headline shape, "
+            "`100 back to back` is a call's share of 100 calls made back to back without an "
+            "L2 flush and with one synchronization at the end, with CuPy arrays and with "
+            "torch tensors.", "",
             "| " + " | ".join(name for _, name in COLUMNS) + " |",
             "|" + "---|" * len(COLUMNS)]
     return "\n".join(head + [_line(r) for r in rows]) + "\n"

@@ -229,3 +229,57 @@ def to_torch(obj):
         return getattr(torch, obj)
     return obj
 
+
+
+def back_to_back_us(fn, calls: int = 100, reps: int = 5) -> float:
+    """Microseconds a call of `calls` calls made back to back (no L2 flush between them)
+    with one device synchronization at the end: the longer of the host's and the GPU's
+    time, whichever bounds a stream of calls. The median over `reps`."""
+    cp = _cp()
+    dev = cp.cuda.Device()
+    fn()
+    dev.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        dev.synchronize()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times) * 1e6
+
+
+def arrays_as(obj, convert):
+    """obj (an op's arguments: arrays in lists, tuples and dicts) with every CuPy array
+    converted by `convert`, everything else as it is."""
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(arrays_as(o, convert) for o in obj)
+    if isinstance(obj, dict):
+        return {k: arrays_as(v, convert) for k, v in obj.items()}
+    if hasattr(obj, "__cuda_array_interface__"):
+        return convert(obj)
+    return obj
+
+
+def cupy_to_torch(a, fp8: bool = False):
+    """A CuPy array as a torch CUDA tensor of its own (a copy), fp8 codes as float8_e4m3fn
+    when `fp8`."""
+    import torch
+
+    from cuquant._core.arrays import as_torch
+
+    t = as_torch(a).clone()
+    return t.view(torch.float8_e4m3fn) if fp8 and t.dtype == torch.uint8 else t
+
+
+def cupy_to_jax(a, fp8: bool = False):
+    """A CuPy array as a JAX array on the first GPU (through the host), fp8 codes as
+    float8_e4m3fn when `fp8`."""
+    import jax
+
+    h = a.get()
+    if fp8 and h.dtype == np.uint8:
+        import ml_dtypes
+
+        h = h.view(ml_dtypes.float8_e4m3fn)
+    return jax.device_put(h, jax.devices("gpu")[0])

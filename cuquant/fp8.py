@@ -15,6 +15,7 @@ from ._core.call import (check_one_value, dequant_args, host_results, intake, sc
                          scale_type_of, stream_of, v)
 from ._core.dtypes import E4M3
 from ._core.replay import replayable
+from ._core.declare import Out, cdiv, declare, dtype_name, float_named
 from ._cuda import symmetric as _symmetric
 from ._cuda.launch import run as run_gpu
 from ._cuda.policy import DEFAULT_POLICY, check_policy
@@ -33,6 +34,10 @@ __all__ = ["quantize_fp8_per_tensor", "quantize_fp8_per_row", "quantize_fp8_per_
 # ---------------------------------------------------------------------------------------
 # Quantization
 
+def _q_tensor(a):
+    return [Out(a["x"].shape, "float8_e4m3fn"), Out((1,), "float32")]
+
+@declare(_q_tensor)
 @replayable
 def quantize_fp8_per_tensor(x, scale=None, *, stream=None, policy=DEFAULT_POLICY):
     """Quantize a whole tensor to float8_e4m3fn against one scale.
@@ -64,6 +69,11 @@ def quantize_fp8_per_tensor(x, scale=None, *, stream=None, policy=DEFAULT_POLICY
     return run_gpu(a, s, _symmetric.run_tensor, a.data, t, E4M3, value, device_scale)
 
 
+def _q_row(a):
+    x = a["x"]
+    return [Out(x.shape, "float8_e4m3fn"), Out(x.shape[:-1], float_named(a["scale_dtype"]))]
+
+@declare(_q_row)
 @replayable
 def quantize_fp8_per_row(x, *, scale_dtype="float32", stream=None, policy=DEFAULT_POLICY):
     """Quantize each row (last axis) to float8_e4m3fn: the seed's FP8QuantFwdOp on
@@ -99,6 +109,12 @@ def quantize_fp8_per_row(x, *, scale_dtype="float32", stream=None, policy=DEFAUL
 
 
 
+def _q_group(a):
+    m, k = a["x"].shape
+    return [Out((m, k), "float8_e4m3fn"),
+            Out((m, cdiv(k, a["group_size"])), "float32", a["scale_layout"] == "column")]
+
+@declare(_q_group)
 @replayable
 def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row",
                                  scale_format="float32", *, stream=None, policy=DEFAULT_POLICY):
@@ -145,6 +161,11 @@ def quantize_fp8_per_token_group(x, group_size=128, eps=1e-4, scale_layout="row"
 
 
 
+def _q_block(a):
+    n, k = a["w"].shape
+    return [Out((n, k), "float8_e4m3fn"), Out((cdiv(n, 128), cdiv(k, 128)), "float32")]
+
+@declare(_q_block)
 @replayable
 def quantize_fp8_per_block(w, block_size=BLOCK_SIZE, scale_format="float32", *, stream=None,
                            policy=DEFAULT_POLICY):
@@ -201,6 +222,10 @@ def _check_block_size(block_size, op):
 # ---------------------------------------------------------------------------------------
 # Dequantization
 
+def _dq(a):
+    return [Out(a["q"].shape, float_named(a["dtype"]))]
+
+@declare(_dq)
 @replayable
 def dequantize_fp8_per_tensor(q, scale, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize float8_e4m3fn codes with one scale: ``dtype(f32(q) * scale)``.
@@ -227,6 +252,9 @@ def dequantize_fp8_per_tensor(q, scale, dtype, *, stream=None, policy=DEFAULT_PO
     return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, E4M3, out, "tensor")
 
 
+
+
+@declare(_dq)
 @replayable
 def dequantize_fp8_per_row(q, scale, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize float8_e4m3fn codes with one scale per row (last axis).
@@ -254,6 +282,9 @@ def dequantize_fp8_per_row(q, scale, dtype, *, stream=None, policy=DEFAULT_POLIC
     return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, E4M3, out, "row")
 
 
+
+
+@declare(_dq)
 @replayable
 def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128,
                                    *, stream=None, policy=DEFAULT_POLICY):
@@ -286,6 +317,9 @@ def dequantize_fp8_per_token_group(q, scale, dtype, group_size=128,
     return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, E4M3, out, "group", g)
 
 
+
+
+@declare(_dq)
 @replayable
 def dequantize_fp8_per_block(q, scale, dtype, block_size=BLOCK_SIZE,
                              *, stream=None, policy=DEFAULT_POLICY):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from . import _numpy
 from ._core import replay as _fast
+from ._core.declare import Out, cdiv, declare, dtype_name, float_named
 from ._core.arrays import HOST
 from ._core.call import host_results, intake, out_dtype, same_place, stream_of, v
 from ._core.dtypes import FLOATS
@@ -35,6 +36,16 @@ __all__ = ["quantize_groupwise", "dequantize_groupwise", "dequantize_groupwise_b
 # ---------------------------------------------------------------------------------------
 # Public ops
 
+def _q_groupwise(a):
+    x, bits = a["x"], a["bits"]
+    shape = tuple(x.shape)
+    n = 1
+    for d in shape:
+        n *= d
+    q = shape[:-1] + (shape[-1] // 2,) if bits == 4 else shape
+    return [Out(q, "int8"), Out((n // a["group_size"], 1 if a["symmetric"] else 2), "float32")]
+
+@declare(_q_groupwise)
 @_fast.replayable
 def quantize_groupwise(x, bits, symmetric, group_size, *, stream=None, policy=DEFAULT_POLICY):
     """Quantize groups of consecutive elements to 4- or 8-bit integers, DeepSpeed's format.
@@ -101,6 +112,13 @@ def _dequant_checks(op, a, params, bits, symmetric, group_size, dtype, s, q_arg=
     return b, sym, out, p, g
 
 
+def _dq_groupwise(a):
+    shape = tuple(a["q"].shape)
+    if a["bits"] == 4:
+        shape = shape[:-1] + (2 * shape[-1],)
+    return [Out(shape, float_named(a["dtype"]))]
+
+@declare(_dq_groupwise)
 @_fast.replayable
 def dequantize_groupwise(q, params, bits, symmetric, group_size, dtype,
                          *, stream=None, policy=DEFAULT_POLICY):
@@ -137,6 +155,11 @@ def dequantize_groupwise(q, params, bits, symmetric, group_size, dtype,
                    policy)
 
 
+def _q_int4(a):
+    n, k = a["w"].shape
+    return [Out((n, k // 2), "int8"), Out((n * k // a["group_size"], 2), "float32")]
+
+@declare(_q_int4)
 @_fast.replayable
 def quantize_int4_per_group(w, group_size=128, *, stream=None, policy=DEFAULT_POLICY):
     """TileOPs' INT4QuantPerGroupFwdOp: asymmetric 4-bit groups along K of a weight.
@@ -171,6 +194,11 @@ def quantize_int4_per_group(w, group_size=128, *, stream=None, policy=DEFAULT_PO
     return run_gpu(a, s, _gpu_groupwise.quantize, a.data, t, 4, False, g, policy)
 
 
+def _dq_int4(a):
+    n, kh = a["packed"].shape
+    return [Out((n, 2 * kh), float_named(a["dtype"]))]
+
+@declare(_dq_int4)
 @_fast.replayable
 def dequantize_int4_per_group(packed, params, dtype, group_size=128,
                               *, stream=None, policy=DEFAULT_POLICY):
@@ -224,6 +252,27 @@ def _item_fields(item, op: str, i: int):
                     + (f" of length {len(item)}" if isinstance(item, (tuple, list)) else ""))
 
 
+def _dq_batched(a):
+    out = float_named(a["dtype"])
+    res = []
+    for i, item in enumerate(a["items"]):
+        q, _p, bits, _s, _g = _item_fields(item, "dequantize_groupwise_batched", i)
+        shape = tuple(q.shape)
+        res.append(Out(shape[:-1] + (shape[-1] * 2,) if bits == 4 else shape, out))
+    return res
+
+
+def _first_q(items):
+    """The first item's q when it is an array of torch or JAX (else None)."""
+    if type(items) not in (list, tuple) or not items:
+        return None
+    item = items[0]
+    q = item.get("q") if isinstance(item, dict) else (
+        item[0] if isinstance(item, (tuple, list)) and item else None)
+    return q if type(q).__module__.startswith(("torch", "jax")) else None
+
+
+@declare(_dq_batched, many=True)
 def dequantize_groupwise_batched(items, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize many tensors of `quantize_groupwise` in one kernel launch.
 
@@ -244,10 +293,17 @@ def dequantize_groupwise_batched(items, dtype, *, stream=None, policy=DEFAULT_PO
     -------
     list of arrays of `dtype`
         ``dequantize_groupwise(*item, dtype)`` for each item, in order, each in the array
-        family of its q. On a GPU the whole list costs one kernel launch (plus one
-        host-to-device copy of a small table of pointers and sizes).
+        family of its q. On a GPU every 63 items with work cost one kernel launch, its table
+        of addresses and sizes passed as the kernel's argument (nothing is copied to the
+        device, so a call can be captured in a CUDA graph).
     """
     op = "dequantize_groupwise_batched"
+    first = _first_q(items)
+    if first is not None:  # traced by torch.compile or jax.jit: the op as a whole
+        routed = _fast.traced_route(dequantize_groupwise_batched, first, (items, dtype),
+                                    {"stream": stream, "policy": policy})
+        if routed is not _fast.NOT_TRACED:
+            return routed
     policy = check_policy(policy, op)
     batch = _batch_key(items, dtype, policy) if stream is None else None
     if batch is not None:

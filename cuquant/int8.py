@@ -13,6 +13,7 @@ from ._core.call import (check_one_value, dequant_args, host_results, intake, sa
                          scale_argument, scale_type_of, stream_of, v)
 from ._core.dtypes import FLOATS, INT8
 from ._core.replay import replayable
+from ._core.declare import Out, cdiv, declare, dtype_name, float_named
 from ._cuda import symmetric as _symmetric
 from ._cuda.launch import run as run_gpu
 from ._cuda.policy import DEFAULT_POLICY, check_policy
@@ -33,6 +34,10 @@ def _block_size(block_size, op):
 # ---------------------------------------------------------------------------------------
 # Quantization
 
+def _q_tensor(a):
+    return [Out(a["x"].shape, "int8"), Out((1,), "float32")]
+
+@declare(_q_tensor)
 @replayable
 def quantize_int8_per_tensor(x, scale=None, *, stream=None, policy=DEFAULT_POLICY):
     """Quantize a whole tensor to int8 against one scale.
@@ -69,6 +74,12 @@ def quantize_int8_per_tensor(x, scale=None, *, stream=None, policy=DEFAULT_POLIC
     return run_gpu(a, s, _symmetric.run_tensor, a.data, t, INT8, value, device_scale)
 
 
+def _q_channel(a):
+    w = a["w"]
+    st = float_named(a["scale_dtype"])
+    return [Out(w.shape, "int8"), Out(w.shape[:-1], st)]
+
+@declare(_q_channel)
 @replayable
 def quantize_int8_per_channel(w, *, scale_dtype="float32", stream=None, policy=DEFAULT_POLICY):
     """Quantize each row (output channel) of a weight to int8 against its own scale.
@@ -104,6 +115,11 @@ def quantize_int8_per_channel(w, *, scale_dtype="float32", stream=None, policy=D
 
 
 
+def _q_block(a):
+    m, k = a["x"].shape
+    return [Out((m, k), "int8"), Out((m, cdiv(k, a["block_size"])), "float32")]
+
+@declare(_q_block)
 @replayable
 def quantize_int8_per_block(x, block_size=128, *, stream=None, policy=DEFAULT_POLICY):
     """Quantize runs of `block_size` contiguous elements of each row to int8.
@@ -136,6 +152,11 @@ def quantize_int8_per_block(x, block_size=128, *, stream=None, policy=DEFAULT_PO
 
 
 
+def _q_smooth(a):
+    x = a["x"]
+    return [Out(x.shape, "int8"), Out(x.shape[:-1], "float32")]
+
+@declare(_q_smooth)
 @replayable
 def smooth_quant(x, smooth, *, stream=None, policy=DEFAULT_POLICY):
     """SmoothQuant activation quantization: divide each column by its smoothing factor,
@@ -176,6 +197,10 @@ def smooth_quant(x, smooth, *, stream=None, policy=DEFAULT_POLICY):
 # ---------------------------------------------------------------------------------------
 # Dequantization
 
+def _dq(a):
+    return [Out(a["q"].shape, float_named(a["dtype"]))]
+
+@declare(_dq)
 @replayable
 def dequantize_int8_per_tensor(q, scale, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize int8 codes with one scale: ``dtype(f32(q) * scale)``.
@@ -202,6 +227,9 @@ def dequantize_int8_per_tensor(q, scale, dtype, *, stream=None, policy=DEFAULT_P
     return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, INT8, out, "tensor")
 
 
+
+
+@declare(_dq)
 @replayable
 def dequantize_int8_per_channel(q, scale, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize int8 codes with one scale per row: ``dtype(f32(q[n]) * scale[n])``.
@@ -229,6 +257,9 @@ def dequantize_int8_per_channel(q, scale, dtype, *, stream=None, policy=DEFAULT_
     return run_gpu(a, s, _symmetric.run_dequantize, a.data, b.data, INT8, out, "row")
 
 
+
+
+@declare(_dq)
 @replayable
 def dequantize_int8_per_block(q, scale, dtype, block_size=128,
                               *, stream=None, policy=DEFAULT_POLICY):

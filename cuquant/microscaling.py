@@ -25,6 +25,7 @@ from . import _numpy
 from ._core import replay as _fast
 from ._core.arrays import HOST
 from ._core.call import host_results, intake, out_dtype, same_place, stream_of, v
+from ._core.declare import Out, declare, float_named
 from ._core.dtypes import E4M3, E8M0
 from ._cuda import microscaling as _gpu_mx
 from ._cuda.launch import run as run_gpu
@@ -42,6 +43,40 @@ _U8 = np.dtype(np.uint8)
 _F32 = np.dtype(np.float32)
 _E8M0_IN = {_U8: "uint8", E8M0.numpy: E8M0.name}
 _E4M3_IN = {_U8: "uint8", E4M3.numpy: E4M3.name}
+
+
+# ---------------------------------------------------------------------------------------
+# Declared outputs (cuquant/_core/declare.py)
+
+def _scales_out(a, m, k, block, name):
+    if a["scale_layout"] == "swizzled":
+        return Out((swizzled_size(m, k // block),), "uint8")
+    return Out((m, k // block), name)
+
+
+def _q_mxfp8(a):
+    m, k = a["x"].shape
+    return [Out((m, k), "float8_e4m3fn"), _scales_out(a, m, k, MX_BLOCK, "float8_e8m0fnu")]
+
+
+def _q_mxfp4(a):
+    m, k = a["x"].shape
+    return [Out((m, k // 2), "uint8"), _scales_out(a, m, k, MX_BLOCK, "float8_e8m0fnu")]
+
+
+def _q_nvfp4(a):
+    m, k = a["x"].shape
+    return [Out((m, k // 2), "uint8"), _scales_out(a, m, k, NV_BLOCK, "float8_e4m3fn"),
+            Out((1,), "float32")]
+
+
+def _dq_mx8(a):
+    return [Out(a["q"].shape, float_named(a["dtype"]))]
+
+
+def _dq_fp4(a):
+    m, half = a["q"].shape
+    return [Out((m, 2 * half), float_named(a["dtype"]))]
 
 
 # ---------------------------------------------------------------------------------------
@@ -121,6 +156,7 @@ def _fp4_intake(op, q, scales, s, block, scale_dtypes):
 # ---------------------------------------------------------------------------------------
 # MXFP8
 
+@declare(_q_mxfp8)
 @_fast.replayable
 def quantize_mxfp8(x, scale_mode="rceil", scale_layout="row", *, stream=None,
                    policy=DEFAULT_POLICY):
@@ -157,6 +193,7 @@ def quantize_mxfp8(x, scale_mode="rceil", scale_layout="row", *, stream=None,
                    scale_layout, _gpu_mx.NEAREST, None, 0, policy)
 
 
+@declare(_dq_mx8)
 @_fast.replayable
 def dequantize_mxfp8(q, scales, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize MXFP8: ``dtype(f32(e4m3_decode(q)) * 2**(b - 127))``.
@@ -195,6 +232,7 @@ def dequantize_mxfp8(q, scales, dtype, *, stream=None, policy=DEFAULT_POLICY):
 # ---------------------------------------------------------------------------------------
 # MXFP4
 
+@declare(_q_mxfp4)
 @_fast.replayable
 def quantize_mxfp4(x, scale_mode="rceil", scale_layout="row", rounding="nearest", rbits=None,
                    seed=None, *, stream=None, policy=DEFAULT_POLICY):
@@ -241,6 +279,7 @@ def quantize_mxfp4(x, scale_mode="rceil", scale_layout="row", rounding="nearest"
                    scale_layout, mode, None if r is None else r.data, sd, policy)
 
 
+@declare(_dq_fp4)
 @_fast.replayable
 def dequantize_mxfp4(q, scales, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize MXFP4: ``dtype(f32(e2m1_decode(q)) * 2**(b - 127))``.
@@ -297,6 +336,7 @@ def _global_amax(value, op, x, s):
     return None, a.data
 
 
+@declare(_q_nvfp4)
 @_fast.replayable
 def quantize_nvfp4(x, global_amax=None, scale_layout="row", rounding="nearest", rbits=None,
                    seed=None, *, stream=None, policy=DEFAULT_POLICY):
@@ -345,6 +385,7 @@ def quantize_nvfp4(x, global_amax=None, scale_layout="row", rounding="nearest", 
                    None if r is None else r.data, sd, value, device_amax, policy)
 
 
+@declare(_dq_fp4)
 @_fast.replayable
 def dequantize_nvfp4(q, scales, global_amax, dtype, *, stream=None, policy=DEFAULT_POLICY):
     """Dequantize NVFP4: ``dtype(f32(e2m1_decode(q)) * f32(f32(s) * S_dec))``, S_dec

@@ -31,6 +31,7 @@ import numpy as np
 
 from . import _numpy
 from ._core import replay as _fast
+from ._core.declare import Out, cdiv, declare, dtype_name, float_named
 from ._core.arrays import HOST
 from ._core.call import host_results, intake, out_dtype, same_place, stream_of, v
 from ._core.dtypes import HALVES, UINT8
@@ -55,6 +56,14 @@ def _seed(seed, op: str) -> int:
     return s
 
 
+def _q_zp(a):
+    m, k = a["x"].shape
+    t = dtype_name(a["x"].dtype)
+    g = k // a["group_size"]
+    return [Out((m, k // 2 if a["bits"] == 4 else k), "uint8"), Out((m, g), t), Out((m, g), t),
+            Out((m, k), t)]
+
+@declare(_q_zp)
 @_fast.replayable
 def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=None,
                                   seed=None, *, symmetric=False, stream=None,
@@ -140,6 +149,12 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
                    None if r is None else r.data, sd, policy)
 
 
+def _dq_zp(a):
+    m = a["q"].shape[0]
+    k = a["scales"].shape[1] * a["group_size"]
+    return [Out((m, k), float_named(a["dtype"]))]
+
+@declare(_dq_zp)
 @_fast.replayable
 def dequantize_groupwise_zero_point(q, scales, zeros, group_size, dtype, *, bits=None,
                                     stream=None, policy=DEFAULT_POLICY):

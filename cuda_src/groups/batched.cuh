@@ -6,7 +6,8 @@ namespace cq {
 
 // ---------------------------------------------------------------------------------------
 // Batched dequantization. The host writes one BatchItem per tensor (int64 words, in this
-// order) and the blocks of all tensors form one grid: block b serves the last item whose
+// order) into a BatchTable passed by value as the kernel's argument (nothing is copied to the
+// device, so a launch can be captured in a CUDA graph), and the blocks of its tensors form one grid: block b serves the last item whose
 // block_start <= b. An item has ceil(units / (DQ_THREADS * BATCH_UNROLL * BATCH_ROUNDS))
 // blocks, and a thread's units are those blocks' width apart, as in dequantize_groups.
 // A block finds its item with a binary search over the table (dependent loads), so each
@@ -17,6 +18,8 @@ namespace cq {
 constexpr int BATCH_UNROLL = 2;   // units a thread a round, as dequantize_groups for this format
 constexpr int BATCH_ROUNDS = 8;   // also BATCH_ROUNDS in cuquant/_cuda/groups.py
 
+constexpr int BATCH_ITEMS = 63;  // items a launch: the table fills at most 4 KB of arguments
+
 struct BatchItem {
     const u8* q;
     const float* params;
@@ -26,6 +29,11 @@ struct BatchItem {
     i64 block_start;  // first block of this item
     u64 magic_shift;  // FastDiv magic (low word) and shift (high word) of d
     i64 kind;         // bit 0: 4-bit codes, bit 1: symmetric, bit 2: fast path
+};
+
+struct BatchTable {
+    BatchItem items[BATCH_ITEMS];
+    int n_items;
 };
 
 template <typename Tout, int BITS, bool SYM>
@@ -46,8 +54,9 @@ __device__ __forceinline__ void batched_item(const BatchItem& it, bool fast, i64
 
 template <typename Tout>
 __global__ void __launch_bounds__(DQ_THREADS)
-dequantize_batched(const BatchItem* __restrict__ items, int n_items) {
-    int lo = 0, hi = n_items - 1;
+dequantize_batched(const __grid_constant__ BatchTable table) {
+    const BatchItem* items = table.items;  // read in place: the argument is never copied
+    int lo = 0, hi = table.n_items - 1;
     const i64 b = blockIdx.x;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;

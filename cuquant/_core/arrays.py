@@ -152,8 +152,23 @@ def _from_torch(x, op, arg, stream):
     torch = sys.modules["torch"]
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: {arg} must be an array; got {type(x).__name__}")
+    _fast.enable_torch(torch)
     x = x.detach()
     dt = x.dtype
+    if x.is_cuda:
+        # The tensor's memory seen by CuPy, without DLPack: the call runs on torch's stream,
+        # after whatever torch queued there. A strided tensor is copied by torch (on that
+        # stream, from its allocator) to C order.
+        cp = require_cupy(op)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        dtype = _torch_to_numpy(torch, dt, op, arg)
+        mem = cp.cuda.UnownedMemory(x.data_ptr(), x.numel() * x.element_size(), x,
+                                    x.device.index)
+        data = cp.ndarray(tuple(x.shape), dtype, cp.cuda.MemoryPointer(mem, 0))
+        return In(data, "torch", x.device.index, x)
+    if x.device.type != "cpu":
+        raise ValueError(f"{op}: {arg} is on device {x.device}; cuquant runs on CPU and CUDA")
     view_as = None
     y = x
     if dt == torch.bfloat16:
@@ -161,43 +176,77 @@ def _from_torch(x, op, arg, stream):
     elif dt in (_torch_bytes or _torch_byte_dtypes(torch)):
         # float8 codes, E8M0 scales, packed float4 pairs: their bytes, seen as uint8
         y, view_as = x.view(torch.uint8), _torch_bytes[dt]
-    if x.is_cuda:
-        cp = require_cupy(op)
-        data = _cupy_from_dlpack(cp, y, stream)
-        if view_as is _BF16:
-            data = data.view(_BF16)
-        # byte codes stay uint8 on the CuPy side: CuPy has no float8 dtype.
-        return In(data, "torch", x.device.index, x)
-    if x.device.type != "cpu":
-        raise ValueError(f"{op}: {arg} is on device {x.device}; cuquant runs on CPU and CUDA")
     data = y.numpy()
     if view_as is not None:
         data = data.view(view_as)
     return In(data, "torch", HOST, x)
 
 
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_to_numpy(torch, dt, op, arg):
+    """The NumPy dtype a CUDA tensor's memory is read as (byte codes as uint8, as CuPy holds
+    them)."""
+    if not _TORCH_DTYPES:
+        for name in ("float16", "float32", "float64", "int8", "uint8", "int16", "int32",
+                     "int64", "uint16", "uint32", "uint64", "bool"):
+            if hasattr(torch, name):
+                _TORCH_DTYPES[getattr(torch, name)] = np.dtype(name)
+        _TORCH_DTYPES[torch.bfloat16] = _BF16
+        # byte codes (float8, E8M0, packed float4 pairs) as uint8, as CuPy holds them
+        for d in (_torch_bytes or _torch_byte_dtypes(torch)):
+            _TORCH_DTYPES[d] = _U8
+    d = _TORCH_DTYPES.get(dt)
+    if d is None:
+        raise TypeError(f"{op}: {arg} has dtype {dt}, which cuquant does not take")
+    return d
+
+
 def _from_jax(x, op, arg, stream):
+    """A JAX array: on the host, its NumPy view; on a CUDA device, its memory seen by CuPy
+    through its address (no DLPack round trip). An array still being computed makes the
+    launch stream wait for it on the device (DLPack's handshake: the host does not wait);
+    a ready one costs nothing more."""
     jax = sys.modules["jax"]
     if not isinstance(x, jax.Array):
         raise TypeError(f"{op}: {arg} must be an array; got {type(x).__name__}")
-    devices = x.devices()
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError(f"{op}: {arg} is traced (jax.jit) but the first array argument is "
+                        "not; pass the call's arrays all as JAX arrays")
+    devices = x.sharding.device_set
     if len(devices) != 1:
         raise ValueError(f"{op}: {arg} is sharded over {len(devices)} devices; pass one shard")
     dev = next(iter(devices))
-    if dev.platform == "cpu":
+    platform = dev.platform
+    if platform == "cpu":
         return In(np.asarray(x), "jax", HOST, x)
-    if dev.platform not in ("gpu", "cuda"):
-        raise ValueError(f"{op}: {arg} is on a {dev.platform} device; cuquant runs on CPU and CUDA")
+    if platform not in ("gpu", "cuda"):
+        raise ValueError(f"{op}: {arg} is on a {platform} device; cuquant runs on CPU and CUDA")
     cp = require_cupy(op)
-    y = x
-    if x.dtype in _BYTE_NAMES:
-        y = jax.lax.bitcast_convert_type(x, np.uint8)
-    elif x.dtype == _BF16:
-        y = jax.lax.bitcast_convert_type(x, np.int16)
-    data = _cupy_from_dlpack(cp, y, stream)
-    if x.dtype == _BF16:
-        data = data.view(_BF16)
-    return In(data, "jax", data.data.device_id, x)
+    device = dev.local_hardware_id
+    if device not in _JAX_DEVICES:
+        _JAX_DEVICES[device] = (dev, dev.get_stream_for_external_ready_events())
+    dt = x.dtype
+    if dt in _BYTE_NAMES:
+        dt = _U8  # byte codes, as CuPy holds them
+    n = x.size * dt.itemsize
+    if n == 0:
+        return In(cp.empty(x.shape, dt), "jax", device, x)
+    if not x.is_ready():
+        s = stream.ptr if stream is not None else _JAX_DEVICES[device][1]
+        x.__dlpack__(stream=s or 1)  # the stream waits for x (1: the legacy default stream)
+    mem = cp.cuda.UnownedMemory(x.unsafe_buffer_pointer(), n, x, device)
+    return In(cp.ndarray(x.shape, dt, cp.cuda.MemoryPointer(mem, 0)), "jax", device, x)
+
+
+_JAX_DEVICES: dict = {}  # CUDA ordinal -> (JAX device, its stream for external ready events)
+
+
+def jax_stream_ptr(device: int) -> int:
+    """The stream JAX takes external work from on CUDA device `device` (a JAX array on it
+    has been taken in)."""
+    return _JAX_DEVICES[device][1]
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,7 +261,7 @@ def outcome(like: In, data, fp8=False):
         return data
     if family == "torch":
         return as_torch(data, fp8)
-    return _to_jax(like, data, fp8)
+    return to_jax(like, data, fp8)
 
 
 def _byte_name(fp8) -> str | None:
@@ -220,6 +269,16 @@ def _byte_name(fp8) -> str | None:
     if fp8 is True:
         return "float8_e4m3fn"
     return _BYTE_NAMES.get(fp8) if fp8 else None
+
+
+def torch_bytes_view(t, fp8):
+    """A uint8 tensor made for byte codes (`fp8` as in `outcome`) viewed as their torch
+    dtype (E8M0 scales: torch.float8_e8m0fnu); any other tensor as it is."""
+    name = _byte_name(fp8)
+    torch = sys.modules["torch"]
+    if name and t.dtype == torch.uint8:
+        return t.view(getattr(torch, name))
+    return t
 
 
 def as_torch(data, fp8=False):
@@ -242,17 +301,93 @@ def as_torch(data, fp8=False):
     return out.view(getattr(torch, name)) if name else out
 
 
-def _to_jax(like, data, fp8):
+def to_jax(like, data, fp8=False, keep=None):
+    """A result as a JAX array. On a GPU, handed to JAX without a copy through DLPack,
+    ordered on the stream JAX takes external work from (the current stream is the launch
+    stream); bfloat16 and float8_e4m3fn go as 16- and 8-bit integers whose DLPack type code
+    is rewritten, so that no JAX op is dispatched to view them back. `keep` (the call's
+    inputs) lives as long as the result: JAX does not know the launch read them, and
+    would otherwise give their memory to new arrays as soon as the caller drops them."""
     jax = sys.modules["jax"]
     if like.device == HOST:
         return jax.device_put(data, next(iter(like.source.devices())))
-    if not data.flags.c_contiguous:
-        data = _cupy.ascontiguousarray(data)
-    if data.dtype == _BF16:
-        return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(data.view(np.int16)), _BF16)
-    out = jax.dlpack.from_dlpack(data)
-    name = _byte_name(fp8)
-    return jax.lax.bitcast_convert_type(out, BYTE_CODES[name]) if name else out
+    cp = _cupy
+    if not data._c_contiguous:
+        data = cp.ascontiguousarray(data)
+    dev, ext = _JAX_DEVICES[like.device]
+    dt = data.dtype
+    code = None
+    name = _byte_name(fp8) or _BYTE_NAMES.get(dt)
+    if name == "float8_e4m3fn":
+        data, code = data.view(np.uint8), _DL_FLOAT8_E4M3FN
+    elif dt == _BF16:
+        data, code = data.view(np.uint16), _DL_BFLOAT
+    elif name is not None:
+        # other byte codes (E8M0 scales): taken in as uint8, then viewed by JAX
+        out = to_jax(like, data.view(np.uint8), False, keep)
+        return jax.lax.bitcast_convert_type(out, BYTE_CODES[name])
+    if keep is not None and data.size:
+        mem = cp.cuda.UnownedMemory(data.data.ptr, data.nbytes, (data, keep), like.device)
+        data = cp.ndarray(data.shape, data.dtype, cp.cuda.MemoryPointer(mem, 0))
+    capsule = data.__dlpack__(stream=ext or 1)  # 1: the legacy default stream
+    if code is not None:
+        _set_dlpack_code(capsule, code)
+    return _jax_from_capsule(jax, capsule, dev, ext)
+
+
+# DLPack's type codes (dlpack.h, DLDataTypeCode) of the types JAX takes in their place.
+_DL_BFLOAT, _DL_FLOAT8_E4M3FN = 4, 10
+_capsule_pointer = None
+
+
+def _set_dlpack_code(capsule, code: int) -> None:
+    """Rewrite the type code of an unconsumed DLPack capsule ("dltensor": a DLManagedTensor,
+    whose DLTensor has the data pointer, the device (two int32), ndim (int32) and then the
+    type's code, bits and lanes)."""
+    global _capsule_pointer
+    import ctypes
+
+    if _capsule_pointer is None:
+        f = ctypes.pythonapi.PyCapsule_GetPointer
+        f.restype, f.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        _capsule_pointer = f
+    ctypes.c_uint8.from_address(_capsule_pointer(capsule, b"dltensor") + 20).value = code
+
+
+_jax_import = None
+
+
+def _jax_from_capsule(jax, capsule, dev, ext, kind: int = 2):
+    """jaxlib's own import of a DLPack capsule onto `dev` (DLPack device type `kind`: 2 is
+    CUDA), its readiness taken from stream `ext` (what jax.dlpack.from_dlpack does after
+    its checks); the public function where jaxlib's differs."""
+    global _jax_import
+    if _jax_import is None:
+        try:
+            from jax._src.lib import _jax as _jaxlib, jaxlib_extension_version
+
+            f = _jaxlib.dlpack_managed_tensor_to_buffer
+            if jaxlib_extension_version >= 467:
+                _jax_import = lambda c, d, s, k: f(c, d, s, None, k)  # noqa: E731
+            else:
+                _jax_import = lambda c, d, s, k: f(c, d, s, None)  # noqa: E731
+        except (ImportError, AttributeError):
+            _jax_import = lambda c, d, s, k: jax.dlpack.from_dlpack(  # noqa: E731
+                _Capsule(c, d, k))
+    return _jax_import(capsule, dev, ext, kind)
+
+
+class _Capsule:
+    """A DLPack capsule made already, for jax.dlpack.from_dlpack."""
+
+    def __init__(self, capsule, dev, kind):
+        self.capsule, self.dev, self.kind = capsule, dev, kind
+
+    def __dlpack__(self, stream=None, **_):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (self.kind, self.dev.local_hardware_id)
 
 
 # ---------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ _tls = threading.local()
 # CuPy's ndarray, getDevice and get_current_stream, set by `enable` once CuPy is imported.
 ND = None
 _device = _stream = None
+# torch.Tensor, set by `enable_torch` once a torch tensor arrives.
+TT = None
 
 # Types of the arguments besides arrays that a key may hold (and NumPy dtypes): values that
 # compare equal only when they mean the same, once their type is in the key too.
@@ -54,6 +56,26 @@ def enable(cp) -> None:
     ND = cp.ndarray
 
 
+def enable_torch(torch) -> None:
+    """Called when a torch tensor first arrives: from then on tensors can take this path."""
+    global TT, _is_compiling
+    compiler = getattr(torch, "compiler", None)
+    _is_compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
+    TT = torch.Tensor
+
+
+def _enable_torch() -> bool:
+    import sys
+
+    enable_torch(sys.modules["torch"])
+    return True
+
+
+# Marked for torch.compile as a call of constant result (torch._dynamo.assume_constant_result):
+# when the first call of a process is being traced, the tracer runs it rather than tracing it.
+_enable_torch._dynamo_marked_constant = True
+
+
 def replayable(op):
     """Give the public op `op(x, ..., stream=None)` the replay path (x given by position)."""
 
@@ -62,9 +84,20 @@ def replayable(op):
         if stream is not None or not args:
             if args and is_dask(args[0]):
                 return dask_call(call, op.__name__, args, dict(kwargs, stream=stream))
+            if args and _compiling(args[0]):
+                return _torch_route(call, args, dict(kwargs, stream=stream))
+            if args and type(args[0]).__module__.startswith(_JAX) and _jax_traced(args, kwargs):
+                return JAX_OPS.route(call, args, dict(kwargs, stream=stream))
             return op(*args, stream=stream, **kwargs)
         x = args[0]
-        if type(x) is not ND or not x._c_contiguous:
+        tx = type(x)
+        if tx is not ND or not x._c_contiguous:
+            if tx is TT or (TT is None and tx.__module__ == "torch"):
+                return _torch_call(op, call, x, args, kwargs)
+            if tx.__module__.startswith(_JAX):
+                if _jax_traced(args, kwargs):
+                    return JAX_OPS.route(call, args, kwargs)  # inside jax.jit
+                return _jax_call(op, x, args, kwargs)
             if is_dask(x):  # chunk by chunk, each through this op
                 return dask_call(call, op.__name__, args, kwargs)
             return op(*args, **kwargs)
@@ -85,9 +118,157 @@ def replayable(op):
     return call
 
 
-def _key_rest(key, ptrs, device, args, kwargs):
+def _torch_call(op, call, x, args, kwargs):
+    """A call whose first array is a torch tensor: under torch.compile, the op's torch
+    custom op; a C-contiguous CUDA tensor on the current device, its replay when one is
+    kept (launched on torch's current stream, outputs from torch.empty); else the whole
+    way."""
+    if _compiling(x):
+        return _torch_route(call, args, kwargs)
+    device = x.get_device()
+    if device < 0 or not x.is_contiguous():
+        return op(*args, **kwargs)
+    p = x.data_ptr()
+    ptrs = [p]
+    key = (op, x.shape, x.dtype, p & 15, device)
+    if len(args) > 1 or kwargs:
+        key = _key_rest(key, ptrs, device, args[1:], kwargs)
+        if key is None:
+            return op(*args, **kwargs)
+    replay = _table.get(key)
+    if replay is not None and _device() == device:
+        return replay(TORCH_PLACE(device), ptrs)
+    return _first(op, key, args, kwargs)
+
+
+TORCH_PLACE = None  # device -> the TorchStream of torch's current stream (set by _cuda.launch)
+# (stream ptr, device, output buffers) -> a CuPy stream handing out those buffers as a call's
+# outputs (set by _cuda.launch; for _core.jax_ops).
+GIVEN_STREAM = None
+
+
+def _compiling(x) -> bool:
+    """Whether torch.compile is tracing a call with the torch tensor x (False for any other
+    argument, and in eager calls)."""
+    if TT is None:  # torch's first tensor, maybe under the tracer (which reads TT as None)
+        if type(x).__module__ != "torch":
+            return False
+        _enable_torch()
+        import torch
+
+        return torch.compiler.is_compiling()
+    return type(x) is TT and _is_compiling()
+
+
+_is_compiling = None  # torch.compiler.is_compiling, set by enable_torch
+
+
+def _torch_route(call, args, kwargs):
+    """Under torch.compile: the call as its torch custom op (`_core.torch_ops`)."""
+    _register_torch_ops()
+    return ROUTE(call, args, kwargs)
+
+
+ROUTE = None  # set by _core.torch_ops once the custom ops are registered
+
+
+def _register_torch_ops() -> bool:
+    """Register every op as a torch custom op (once). Marked for torch.compile as a call
+    of constant result, so that the tracer runs it rather than tracing into the import."""
+    global ROUTE
+    if ROUTE is None:
+        from . import torch_ops
+
+        ROUTE = torch_ops.register()
+    return True
+
+
+_register_torch_ops._dynamo_marked_constant = True  # torch._dynamo.assume_constant_result
+
+
+NOT_TRACED = object()
+
+
+def traced_route(call, x, args, kwargs):
+    """For an op without the replay path: the call as a torch custom op while torch.compile
+    traces it, or as a buffer callback while JAX traces it (x its first array); else
+    NOT_TRACED."""
+    if type(x).__module__.startswith("torch"):
+        if _compiling(x):
+            return _torch_route(call, args, kwargs)
+    elif type(x).__module__.startswith(_JAX) and _jax_traced(args, kwargs):
+        return JAX_OPS.route(call, args, kwargs)
+    return NOT_TRACED
+
+
+_JAX = ("jax", "jaxlib")
+JAX_OPS = None  # _core.jax_ops, imported once a JAX array arrives
+JT = None  # JAX's array type (jaxlib's ArrayImpl), set by `_jax_traced`
+# device -> (the CuPy stream JAX takes external work from, its handle) and the function
+# handing a result to JAX (`arrays.to_jax`); set by _cuda.launch.
+JAX_PLACE = JAX_RESULT = None
+_jax_fp8: dict = {}  # replay key -> which outputs of a JAX call hold fp8 codes
+
+
+def _jax_call(op, x, args, kwargs):
+    """An eager call whose first array is a JAX array: a C-contiguous one on the current
+    CUDA device takes its replay when one is kept (launched on the stream JAX takes
+    external work from, after that stream waits for inputs still being computed; results
+    handed to JAX as the whole way does), else the whole way."""
+    if type(x) is not JT or JAX_PLACE is None:
+        return op(*args, **kwargs)
+    sharding = x.sharding
+    devices = sharding.device_set
+    if len(devices) != 1:
+        return op(*args, **kwargs)
+    dev = next(iter(devices))
+    if dev.platform == "cpu":
+        return op(*args, **kwargs)
+    device = dev.local_hardware_id
+    p = x.unsafe_buffer_pointer() if x.size else 0
+    ptrs, waits = [p], [x]
+    key = (op, x.shape, x.dtype, p & 15, device)
+    if len(args) > 1 or kwargs:
+        key = _key_rest(key, ptrs, device, args[1:], kwargs, waits)
+        if key is None:
+            return op(*args, **kwargs)
+    replay = _table.get(key)
+    fp8 = _jax_fp8.get(key)
+    if replay is None or fp8 is None or _device() != device:
+        result = _first(op, key, args, kwargs)
+        if key in _table:
+            res = result if isinstance(result, tuple) else (result,)
+            if len(_jax_fp8) >= PLAN_LIMIT:
+                _jax_fp8.clear()
+            _jax_fp8[key] = tuple([r.dtype.name == "float8_e4m3fn" for r in res])
+        return result
+    stream, handle = JAX_PLACE(device)
+    for a in waits:
+        if not a.is_ready():
+            a.__dlpack__(stream=handle or 1)  # the stream waits for it on the device
+    with stream:
+        res = replay(stream, ptrs)
+        if isinstance(res, tuple):
+            return tuple([JAX_RESULT(device, r, f, waits) for r, f in zip(res, fp8)])
+        return JAX_RESULT(device, res, fp8[0], waits)
+
+
+def _jax_traced(args, kwargs) -> bool:
+    """Whether a call whose first array is a JAX one is being traced (by jax.jit)."""
+    global JAX_OPS, JT
+    if JAX_OPS is None:
+        from . import jax_ops
+
+        jax_ops.GIVEN_STREAM = GIVEN_STREAM
+        JT = jax_ops.ARRAY_TYPE
+        JAX_OPS = jax_ops
+    return JAX_OPS.traced(args, kwargs)
+
+
+def _key_rest(key, ptrs, device, args, kwargs, waits=None):
     """The key extended by the arguments after x (their addresses appended to ptrs), or
-    None when one of them cannot be in a key."""
+    None when one of them cannot be in a key. JAX arrays are taken when `waits` is given
+    (and appended to it)."""
     for a in args:
         t = type(a)
         if t in _PLAIN:
@@ -97,6 +278,21 @@ def _key_rest(key, ptrs, device, args, kwargs):
                 return None
             p = a.data.ptr
             ptrs.append(p)
+            key += (a.shape, a.dtype, p & 15)
+        elif t is TT:
+            if a.get_device() != device or not a.is_contiguous():
+                return None
+            p = a.data_ptr()
+            ptrs.append(p)
+            key += (a.shape, a.dtype, p & 15)
+        elif t is JT and waits is not None:
+            devices = a.sharding.device_set
+            if len(devices) != 1 or next(iter(devices)).local_hardware_id != device or \
+                    next(iter(devices)).platform == "cpu":
+                return None
+            p = a.unsafe_buffer_pointer() if a.size else 0
+            ptrs.append(p)
+            waits.append(a)
             key += (a.shape, a.dtype, p & 15)
         elif _plain(a):
             key += (t, a)
@@ -166,5 +362,5 @@ def clear() -> None:
     _table.clear()
 
 
-__all__ = ["replayable", "offer", "enable", "clear", "plain", "replay_of", "keep",
+__all__ = ["replayable", "offer", "enable", "enable_torch", "clear", "plain", "replay_of", "keep",
            "current_device", "current_stream", "PLAN_LIMIT"]

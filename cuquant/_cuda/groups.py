@@ -304,13 +304,13 @@ class QuantizeRun:
         self.outputs, self.plan, self.mode, self.seed = outputs, plan, mode, seed
 
     def __call__(self, stream, ptrs):
-        out = self.outputs.make()
+        out, op = self.outputs.make(stream)
         # Formats without a second parameter array or a reconstruction get null pointers.
-        p1p, deqp = (out[2].data.ptr, out[3].data.ptr) if len(out) == 4 else (0, 0)
+        p1p, deqp = (op[2], op[3]) if len(op) == 4 else (0, 0)
         launch, grid, threads, head, tail = self.plan
         seed = self.seed
         launch(grid, threads, stream,
-               (ptrs[0], out[0].data.ptr, out[1].data.ptr, p1p, deqp,
+               (ptrs[0], op[0], op[1], p1p, deqp,
                 ptrs[1] if len(ptrs) > 1 else 0) + head
                + (self.mode, seed & 0xFFFFFFFF, seed >> 32) + tail)
         return out
@@ -483,10 +483,10 @@ class DequantizeRun:
         self.outputs, self.plan = outputs, plan
 
     def __call__(self, stream, ptrs):
-        (res,) = self.outputs.make()
+        (res,), (rp,) = self.outputs.make(stream)
         launch, grid, tail = self.plan
         launch(grid, DQ_THREADS, stream,
-               (ptrs[0], ptrs[1], ptrs[2] if len(ptrs) > 2 else 0, res.data.ptr) + tail)
+               (ptrs[0], ptrs[1], ptrs[2] if len(ptrs) > 2 else 0, rp) + tail)
         return res
 
 
@@ -508,7 +508,7 @@ def dequantize_to_new(stream, src: str, codes: str, out: FloatType, bits: int, g
                                 _gpu.Outputs((unpacked_shape(q.shape, bits), out.numpy)))
     n = math.prod(outputs.parts[0][0])
     if n == 0:
-        return outputs.make(), False
+        return outputs.make(stream)[0], False
     run = DequantizeRun(outputs, dequantize_plan(src, codes, out, bits, g, n, q, p0, p1, unroll,
                                                  policy))
     if given:

@@ -11,7 +11,8 @@ import threading
 import numpy as np
 
 from .._core import replay as _replay
-from .._core.arrays import HOST, cupy_module, outcome, require_cupy
+from .._core.arrays import (HOST, In, cupy_module, jax_stream_ptr, outcome, require_cupy, to_jax,
+                            torch_bytes_view)
 
 _props: dict = {}
 _workspaces: dict = {}
@@ -23,10 +24,16 @@ NULL = np.uint64(0)  # a null pointer argument
 
 
 def run(like, stream, fn, *args):
-    """Call fn(cupy_stream, *args) on the device of `like` with `stream` current (kernels
-    launch on the current stream), and hand its results back in the caller's family. fn
-    returns (arrays, fp8): a tuple of CuPy arrays, and whether the first holds fp8 codes, or
-    a tuple naming each array's byte-code dtype (a NumPy dtype, or None)."""
+    """Call fn(stream, *args) on the device of `like` and hand its results back in the
+    caller's family. fn returns (arrays, fp8): a tuple of arrays, and whether the first
+    holds fp8 codes, or a tuple naming each array's byte-code dtype (a NumPy dtype, or
+    None). CuPy arrays run on CuPy's current stream (or `stream`); torch tensors on
+    torch's current stream of their device (or `stream`), with their outputs made by torch
+    (`TorchStream`)."""
+    if like.family == "torch":
+        return _run_torch(like, stream, fn, args)
+    if like.family == "jax" and like.device != HOST:
+        return _run_jax(like, stream, fn, args)
     if stream is None and _get_device() == like.device:
         arrays, fp8 = fn(_current_stream(), *args)
     else:
@@ -38,11 +45,138 @@ def run(like, stream, fn, *args):
                 with stream:
                     arrays, fp8 = fn(stream, *args)
     if like.family != "cupy":
-        if type(fp8) is tuple:  # the byte-code dtype of each output (None: none)
-            arrays = tuple([outcome(like, r, k) for r, k in zip(arrays, fp8)])
-        else:
-            arrays = tuple([outcome(like, r, fp8 and i == 0) for i, r in enumerate(arrays)])
+        arrays = tuple([outcome(like, r, _kind(fp8, i)) for i, r in enumerate(arrays)])
     return arrays[0] if len(arrays) == 1 else arrays
+
+
+def _kind(fp8, i: int):
+    """What `outcome` is told of output i: fp8 is whether the first output holds fp8 codes,
+    or a tuple of each output's byte-code dtype."""
+    return fp8[i] if type(fp8) is tuple else (fp8 and i == 0)
+
+
+def _run_torch(like, stream, fn, args):
+    """A torch call: launched on torch's current stream of the device (or `stream`), its
+    outputs made by torch. CuPy's current stream is that stream meanwhile, so that anything
+    else the launcher does with CuPy (copies of odd inputs, fills of empty outputs) is
+    ordered with the launch."""
+    cp = cupy_module()
+    device = like.device
+    ptr = torch_stream_ptr(device) if stream is None else stream.ptr
+    ts = torch_stream(device, ptr)
+    with cp.cuda.Device(device), ts.cupy():
+        arrays, fp8 = fn(ts, *args)
+    torch = _torch()
+    arrays = tuple([torch_bytes_view(r, _kind(fp8, i)) if isinstance(r, torch.Tensor)
+                    else outcome(like, r, _kind(fp8, i)) for i, r in enumerate(arrays)])
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def _run_jax(like, stream, fn, args):
+    """A JAX eager call: launched on the stream JAX takes external work from on the array's
+    device (`jax_stream`, or `stream`), its outputs handed to JAX there, so that JAX's own
+    work on them is ordered after the launch."""
+    cp = cupy_module()
+    if stream is None:
+        stream = jax_stream(like.device)
+    with cp.cuda.Device(like.device), stream:
+        arrays, fp8 = fn(stream, *args)
+        arrays = tuple([to_jax(like, r, _kind(fp8, i), args) for i, r in enumerate(arrays)])
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+_jax_streams: dict = {}  # CUDA ordinal -> CuPy stream
+
+
+def jax_stream(device: int):
+    """The stream JAX takes external work from on `device` (its stream for external ready
+    events, as a CuPy stream; made once)."""
+    s = _jax_streams.get(device)
+    if s is None:
+        import warnings
+
+        cp = cupy_module()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = cp.cuda.ExternalStream(jax_stream_ptr(device), device)
+        _jax_streams[device] = s
+    return s
+
+
+_given_type = None
+
+
+def given_stream(ptr: int, device: int, outs):
+    """A CuPy stream for `ptr` that carries the buffers a caller has for a call's outputs
+    (address, shape, dtype each): `Outputs.make` hands them out, once, when they are what
+    it would make (XLA's output buffers in a jax.jit call, `_core.jax_ops`)."""
+    global _given_type
+    cp = cupy_module()
+    if _given_type is None:
+        class GivenStream(cp.cuda.ExternalStream):
+            pass
+        _given_type = GivenStream
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        s = _given_type(ptr, device)
+    s.given, s.given_device = list(outs), device
+    return s
+
+
+def _torch():
+    import sys
+
+    return sys.modules["torch"]
+
+
+class TorchStream:
+    """A torch stream as the launchers see it: the raw handle (`ptr`, as a CuPy stream has
+    one) and the device whose caching allocator makes the outputs (see `Outputs.make`)."""
+
+    __slots__ = ("ptr", "device", "torch_device", "_cupy")
+
+    def __init__(self, device: int, ptr: int):
+        self.ptr, self.device = ptr, device
+        self.torch_device = _torch().device("cuda", device)
+        self._cupy = None
+
+    def cupy(self):
+        """The same stream as a CuPy stream (made once)."""
+        if self._cupy is None:
+            import warnings
+
+            cp = cupy_module()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._cupy = cp.cuda.ExternalStream(self.ptr, self.device)
+        return self._cupy
+
+
+_torch_streams: dict = {}  # raw handle -> TorchStream
+_raw_stream = None
+
+
+def torch_stream(device: int, ptr: int) -> TorchStream:
+    ts = _torch_streams.get(ptr)
+    if ts is None or ts.device != device:
+        if len(_torch_streams) >= PLAN_LIMIT:
+            _torch_streams.clear()
+        ts = _torch_streams[ptr] = TorchStream(device, ptr)
+    return ts
+
+
+def torch_stream_ptr(device: int) -> int:
+    """The raw handle of torch's current stream on `device`: torch's own accessor (a fifth
+    of a microsecond), or its public one where that is missing."""
+    global _raw_stream
+    if _raw_stream is None:
+        torch = _torch()
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _raw_stream = raw if raw is not None else (
+            lambda d: torch.cuda.current_stream(d).cuda_stream)
+    return _raw_stream(device)
 
 
 # CuPy's getDevice and get_current_stream, bound to these names at the first call (the
@@ -123,15 +257,24 @@ class Launch:
         self._pack(vals, 0, *args)
         _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr, addr, 0)
 
+    def with_struct(self, grid: int, threads: int, stream, data) -> None:
+        """Launch a kernel whose one argument is a struct passed by value, `data` its bytes
+        (a ctypes buffer): the driver copies it at the launch."""
+        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(data))
+        _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
+                             ctypes.addressof(ptrs), 0)
+
 
 class Outputs:
-    """The output arrays of one kind of call, C-contiguous, carved out of one allocation,
-    each 256-byte aligned; their offsets are worked out once. An allocation costs the host
-    about as much as half a kernel launch, a sixth of a small call's budget, so a call
-    makes one. The memory is released when every array is. `make()` returns the arrays as
-    a tuple."""
+    """The output arrays of one kind of call, C-contiguous, each 256-byte aligned; their
+    layout is worked out once. `make(stream)` returns (arrays, addresses): for a CuPy stream,
+    CuPy arrays carved out of one allocation from CuPy's pool (an allocation costs the host
+    about as much as half a kernel launch, so a call makes one; the memory is released when
+    every array is); for a `TorchStream`, tensors made by `torch.empty` on its device (the
+    caching allocator, and its graph pool while a graph is captured). float8_e4m3fn outputs
+    are uint8 codes in CuPy and float8_e4m3fn tensors in torch."""
 
-    __slots__ = ("parts", "total", "make")
+    __slots__ = ("parts", "total", "_cupy", "_torch")
 
     def __init__(self, *specs):
         parts, total = [], 0
@@ -139,30 +282,107 @@ class Outputs:
             parts.append((tuple(shape), np.dtype(dtype), total))
             total += -(-math.prod(shape) * np.dtype(dtype).itemsize // 256) * 256
         self.parts, self.total = tuple(parts), total
-        self.make = _maker(self.parts, total)
+        self._cupy = _maker(tuple((s, _cupy_type(d), o) for s, d, o in self.parts), total)
+        self._torch = None
+
+    def make(self, stream):
+        if type(stream) is TorchStream:
+            maker = self._torch
+            if maker is None:
+                maker = self._torch = _torch_maker(self.parts)
+            return maker(stream.torch_device)
+        if type(stream) is _given_type and stream.given:
+            return self._take(stream)
+        return self._cupy()
+
+    def _take(self, stream):
+        """The caller's buffers when they are these outputs (each once), else new ones."""
+        given = stream.given
+        if len(given) != len(self.parts) or any(
+                shape != tuple(s) or dt != np.dtype(_cupy_type(d))
+                for (_, shape, dt), (s, d, _) in zip(given, self.parts)):
+            return self._cupy()
+        stream.given = None
+        cp = cupy_module()
+        arrays = []
+        for p, shape, dt in given:
+            n = math.prod(shape) * dt.itemsize
+            if n:
+                mem = cp.cuda.MemoryPointer(
+                    cp.cuda.UnownedMemory(p, n, None, stream.given_device), 0)
+                arrays.append(cp.ndarray(shape, dt, mem))
+            else:
+                arrays.append(cp.empty(shape, dt))
+        return tuple(arrays), tuple([p for p, _, _ in given])
+
+
+
+def _cupy_type(dtype: np.dtype):
+    """The scalar type CuPy makes an output of `dtype` with (fp8 codes as uint8)."""
+    return np.uint8 if dtype.name == "float8_e4m3fn" else dtype.type
 
 
 def _maker(parts, total):
-    """A function making the arrays: written out for one and two arrays, the common cases,
-    since a loop adds to the host time of every small call. The arrays are made from scalar
-    types, which CuPy takes without first normalising a dtype object."""
+    """A function making the CuPy arrays and their addresses: written out for one and two
+    arrays, the common cases, since a loop adds to the host time of every small call. The
+    arrays are made from scalar types, which CuPy takes without first normalising a dtype
+    object."""
     cp = cupy_module()
     alloc, nd = cp.cuda.alloc, cp.ndarray
-    parts = tuple((shape, dtype.type, off) for shape, dtype, off in parts)
     if len(parts) == 1:
         (s0, d0, _), = parts
-        return lambda: (nd(s0, d0, alloc(total)),)
+
+        def make1():
+            mem = alloc(total)
+            return (nd(s0, d0, mem),), (mem.ptr,)
+        return make1
     if len(parts) == 2:
         (s0, d0, _), (s1, d1, o1) = parts
 
         def make2():
             mem = alloc(total)
-            return nd(s0, d0, mem), nd(s1, d1, mem + o1)
+            p = mem.ptr
+            return (nd(s0, d0, mem), nd(s1, d1, mem + o1)), (p, p + o1)
         return make2
 
     def make():
         mem = alloc(total)
-        return tuple([nd(shape, dtype, mem + off if off else mem) for shape, dtype, off in parts])
+        p = mem.ptr
+        return (tuple([nd(shape, dtype, mem + off if off else mem) for shape, dtype, off in parts]),
+                tuple([p + off for _, _, off in parts]))
+    return make
+
+
+def torch_dtype(dtype: np.dtype):
+    """The torch dtype of a NumPy (or ml_dtypes) dtype."""
+    torch = _torch()
+    name = np.dtype(dtype).name
+    return getattr(torch, name)
+
+
+def _torch_maker(parts):
+    """A function making the tensors of `parts` with torch.empty on a device, and their
+    addresses (one and two outputs written out, as `_maker`)."""
+    empty = _torch().empty
+    parts = tuple((shape, torch_dtype(dtype)) for shape, dtype, _ in parts)
+    if len(parts) == 1:
+        (s0, d0), = parts
+
+        def make1(device):
+            a = empty(s0, dtype=d0, device=device)
+            return (a,), (a.data_ptr(),)
+        return make1
+    if len(parts) == 2:
+        (s0, d0), (s1, d1) = parts
+
+        def make2(device):
+            a, b = empty(s0, dtype=d0, device=device), empty(s1, dtype=d1, device=device)
+            return (a, b), (a.data_ptr(), b.data_ptr())
+        return make2
+
+    def make(device):
+        arrays = tuple([empty(shape, dtype=dtype, device=device) for shape, dtype in parts])
+        return arrays, tuple([a.data_ptr() for a in arrays])
     return make
 
 
@@ -212,20 +432,31 @@ def _load_driver():
     return _driver
 
 
-def workspace(device: int, stream) -> object:
-    """A zeroed 4-word uint32 workspace for this device and stream. Kernels that use it
-    leave it zeroed, so it is allocated and cleared once, not per call; one per stream
-    keeps concurrent streams apart."""
+def workspace(device: int, stream) -> int:
+    """The address of a zeroed 4-word uint32 workspace for this device and stream. Kernels
+    that use it leave it zeroed (the last block out clears it), so it is allocated and
+    cleared once, on the stream itself (so that the clearing comes before the first launch
+    on it), not per call; one per stream keeps concurrent streams apart. A torch stream's is
+    made by torch: while a graph is captured, in the graph's pool, its clearing a node of
+    the graph."""
     key = (device, stream.ptr)
     ws = _workspaces.get(key)
     if ws is None:
         with _lock:
             ws = _workspaces.get(key)
             if ws is None:
-                cp = require_cupy("cuquant")
-                ws = cp.zeros(4, dtype=np.uint32)
+                if type(stream) is TorchStream:
+                    torch = _torch()
+                    with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr, device=device)):
+                        buf = torch.zeros(4, dtype=torch.int32, device=stream.torch_device)
+                    ws = (buf, buf.data_ptr())
+                else:
+                    cp = require_cupy("cuquant")
+                    with stream:
+                        buf = cp.zeros(4, dtype=np.uint32)
+                    ws = (buf, buf.data.ptr)
                 _workspaces[key] = ws
-    return ws
+    return ws[1]
 
 
 def fastdiv(d: int) -> tuple[int, int]:
@@ -242,6 +473,27 @@ def blocks_for(work_items: int, per_block: int, cap: int = 1 << 20) -> int:
     return max(1, min(cap, -(-work_items // per_block)))
 
 
-__all__ = ["HOST", "NULL", "run", "props", "resident_blocks", "workspace",
+def _torch_place(device: int) -> TorchStream:
+    """torch's current stream of `device`, for the replays of calls on torch tensors."""
+    return torch_stream(device, torch_stream_ptr(device))
+
+
+_replay.TORCH_PLACE = _torch_place
+_replay.GIVEN_STREAM = given_stream
+
+
+def _jax_place(device: int):
+    """The stream JAX takes external work from on `device`, as a CuPy stream and a handle."""
+    return jax_stream(device), jax_stream_ptr(device)
+
+
+def _jax_result(device: int, data, fp8: bool, keep):
+    return to_jax(In(None, "jax", device, None), data, fp8, keep)
+
+
+_replay.JAX_PLACE, _replay.JAX_RESULT = _jax_place, _jax_result
+
+
+__all__ = ["HOST", "NULL", "run", "jax_stream", "given_stream", "TorchStream", "torch_stream", "torch_stream_ptr", "torch_dtype", "props", "resident_blocks", "workspace",
            "fastdiv", "blocks_for", "Launch", "f32_bits", "Outputs", "remember", "plan_table",
            "clear_plans"]

@@ -76,20 +76,20 @@ def swizzled_size(m: int, c: int) -> int:
 class QuantizePlan:
     """A quantizer's launch: kernel, grid, outputs and the arguments after the pointers."""
 
-    __slots__ = ("launch", "grid", "outputs", "args", "ws", "amax_out", "kinds")
+    __slots__ = ("launch", "device", "grid", "outputs", "args", "ws", "amax_out", "kinds")
 
     def __init__(self, expr, device, grid, outputs, args, ws, amax_out, kinds):
         self.launch = _gpu.Launch(_kernels.function(SRC, expr, device), 19) if grid else None
-        self.grid, self.outputs, self.args = grid, outputs, args
+        self.device, self.grid, self.outputs, self.args = device, grid, outputs, args
         self.ws, self.amax_out, self.kinds = ws, amax_out, kinds
 
     def __call__(self, stream, ptrs, rbits_ptr=0, amax_ptr=0, seed=0):
-        outs = self.outputs.make()
-        ws = _gpu.workspace(outs[0].data.device_id, stream).data.ptr if self.ws else 0
-        amax_out = outs[2].data.ptr if self.amax_out else 0
+        outs, op = self.outputs.make(stream)
+        ws = _gpu.workspace(self.device, stream) if self.ws else 0
+        amax_out = op[2] if self.amax_out else 0
         self.launch(self.grid, THREADS, stream,
-                    (ptrs[0], outs[0].data.ptr, outs[1].data.ptr, amax_out, rbits_ptr, amax_ptr,
-                     ws) + self.args + (seed & 0xFFFFFFFF, seed >> 32))
+                    (ptrs[0], op[0], op[1], amax_out, rbits_ptr, amax_ptr, ws) + self.args
+                    + (seed & 0xFFFFFFFF, seed >> 32))
         return outs
 
 
@@ -137,7 +137,7 @@ def quantize_mx(stream, x, t: FloatType, fmt: int, scale_mode: str, scale_layout
                               0.0, _outputs(fmt, m, k, swizzled, False), xc.data.device_id)
     kinds = (E4M3.numpy if fmt == MXFP8 else None, None if swizzled else E8M0.numpy)
     if not plan.grid:
-        return plan.outputs.make(), kinds
+        return plan.outputs.make(stream)[0], kinds
     if rounding == NEAREST and xc is x:
         offer(plan)
     elif rounding == RBITS and xc is x and rb is rbits:
@@ -165,9 +165,13 @@ def quantize_nv(stream, x, t: FloatType, scale_layout: str, rounding: int, rbits
         plan.amax_out = device_amax is None
     kinds = (None, None if swizzled else E4M3.numpy, None)
     if not plan.grid:
-        outs = plan.outputs.make()
+        outs = plan.outputs.make(stream)[0]
         if device_amax is None:
-            outs[2].fill(np.float32(value))
+            amax = outs[2]
+            if hasattr(amax, "fill_"):  # a torch tensor, made on torch's stream
+                amax.fill_(float(value))
+            else:
+                amax.fill(np.float32(value))
             return outs, kinds
         return outs + (device_amax.reshape(1),), kinds
     rp = 0 if rb is None else rb.data.ptr
@@ -187,9 +191,8 @@ class DequantizePlan:
         self.grid, self.outputs, self.args = grid, outputs, args
 
     def __call__(self, stream, ptrs, amax_ptr=0):
-        (res,) = self.outputs.make()
-        self.launch(self.grid, THREADS, stream,
-                    (ptrs[0], ptrs[1], res.data.ptr, amax_ptr) + self.args)
+        (res,), (rp,) = self.outputs.make(stream)
+        self.launch(self.grid, THREADS, stream, (ptrs[0], ptrs[1], rp, amax_ptr) + self.args)
         return res
 
 
@@ -216,7 +219,7 @@ def dequantize(stream, q, scales, global_amax, fmt: int, swizzled: bool, out: Fl
             _gpu.Outputs(((m, k), out.numpy)),
             (nbytes, c, magic, shift, -(-c // 4), int(swizzled), _gpu.f32_bits(value))))
     if not plan.grid:
-        return plan.outputs.make(), False
+        return plan.outputs.make(stream)[0], False
     if device_amax is not None:
         ga = contiguous(device_amax)
         if qc is q and sc is scales and ga is device_amax:

@@ -197,7 +197,16 @@ _U8, _I8, _F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float32)
 
 
 def _code_dtype(code: CodeType) -> np.dtype:
-    return _U8 if code is E4M3 else _I8
+    """An output's dtype of codes: CuPy makes fp8 codes as uint8, torch as float8_e4m3fn."""
+    return E4M3.numpy if code is E4M3 else _I8
+
+
+def _fill(a, value: float) -> None:
+    """Fill an output of either family (empty inputs' scales)."""
+    if hasattr(a, "fill_"):
+        a.fill_(value)
+    else:
+        a.fill(value)
 
 
 class Plan:
@@ -206,7 +215,7 @@ class Plan:
     one call of each kind from the stream and the input addresses; the replay cache keeps
     them as the replays of repeated calls."""
 
-    __slots__ = ("launch", "grid", "threads", "outputs", "args", "column_rows", "ws")
+    __slots__ = ("launch", "grid", "threads", "outputs", "args", "column_rows", "ws", "device")
 
     def __init__(self, expr, device, nargs, grid, threads, outputs, args, smem=0):
         # The kernel is compiled only when there is work (empty inputs need none).
@@ -215,42 +224,40 @@ class Plan:
         self.grid, self.threads, self.outputs, self.args = grid, threads, outputs, args
         self.column_rows = 0  # rows of a column-layout scale (0: row layout)
         self.ws = False  # smooth_quant_rows: the stream's zeroed workspace as the last argument
+        self.device = device
 
     def rows(self, stream, ptrs):
         """Row groups of x (ptrs: x, and smooth for SmoothQuant): (q, scale)."""
-        q, buf = self.outputs.make()
-        ws = (_gpu.workspace(q.data.device_id, stream).data.ptr,) if self.ws else ()
+        (q, buf), (qp, bp) = self.outputs.make(stream)
+        ws = (_gpu.workspace(self.device, stream),) if self.ws else ()
         self.launch(self.grid, self.threads, stream,
-                    (ptrs[0], q.data.ptr, buf.data.ptr, ptrs[1] if len(ptrs) > 1 else 0)
-                    + self.args + ws)
+                    (ptrs[0], qp, bp, ptrs[1] if len(ptrs) > 1 else 0) + self.args + ws)
         return q, (buf[:, :self.column_rows].T if self.column_rows else buf)
 
     def tensor(self, stream, ptrs):
         """Dynamic per-tensor (ptrs: x): (q, scale)."""
-        q, scale = self.outputs.make()
+        (q, scale), (qp, sp) = self.outputs.make(stream)
         n, inv_qmax = self.args
-        ws = _gpu.workspace(q.data.device_id, stream)
         self.launch(self.grid, 256, stream,
-                    (ptrs[0], q.data.ptr, scale.data.ptr, n, ws.data.ptr, inv_qmax))
+                    (ptrs[0], qp, sp, n, _gpu.workspace(self.device, stream), inv_qmax))
         return q, scale
 
     def static(self, scale_bits, stream, ptrs):
         """Per-tensor with a host scale, given as its float32 bits (ptrs: x): (q, scale)."""
-        q, scale = self.outputs.make()
-        self.launch(self.grid, 256, stream,
-                    (ptrs[0], q.data.ptr, 0, scale_bits, scale.data.ptr) + self.args)
+        (q, scale), (qp, sp) = self.outputs.make(stream)
+        self.launch(self.grid, 256, stream, (ptrs[0], qp, 0, scale_bits, sp) + self.args)
         return q, scale
 
     def tiles(self, stream, ptrs):
         """128x128 tiles of w (ptrs: w): (q, scale)."""
-        q, scale = self.outputs.make()
-        self.launch(self.grid, 256, stream, (ptrs[0], q.data.ptr, scale.data.ptr) + self.args)
+        (q, scale), (qp, sp) = self.outputs.make(stream)
+        self.launch(self.grid, 256, stream, (ptrs[0], qp, sp) + self.args)
         return q, scale
 
     def dequantize(self, stream, ptrs):
         """ptrs: q, scale. Returns x."""
-        (res,) = self.outputs.make()
-        self.launch(self.grid, 256, stream, (ptrs[0], ptrs[1], res.data.ptr) + self.args)
+        (res,), (rp,) = self.outputs.make(stream)
+        self.launch(self.grid, 256, stream, (ptrs[0], ptrs[1], rp) + self.args)
         return res
 
 
@@ -344,7 +351,7 @@ def quantize_row_groups(stream, x, t: FloatType, code: CodeType, rule: int, grou
                                 smooth is not None, eps_bits, scale_layout, q_shape, scale_shape,
                                 scale_type, x.data.device_id, policy)
     if not plan.grid:
-        q, buf = plan.outputs.make()
+        q, buf = plan.outputs.make(stream)[0]
         return q, (buf[:, :rows].T if scale_layout == "column" else buf)
     offer(plan.rows)
     return plan.rows(stream, (xp, sp))
@@ -366,8 +373,8 @@ def quantize_tensor(stream, x, t: FloatType, code: CodeType):
                                    _gpu.Outputs((x.shape, _code_dtype(code)), ((1,), _F32)),
                                    (n, code.inv_qmax_bits)))
     if not plan.grid:
-        q, scale = plan.outputs.make()
-        scale.fill(1.0)
+        q, scale = plan.outputs.make(stream)[0]
+        _fill(scale, 1.0)
         return q, scale
     offer(plan.tensor)
     return plan.tensor(stream, (xp,))
@@ -388,14 +395,14 @@ def quantize_static(stream, x, t: FloatType, code: CodeType, scale_value=None, s
         plan = _gpu.remember(_plans, key, Plan(static_expr(t, code, vec), device, 6, grid, 256,
                                    _gpu.Outputs(*specs), (n,)))
     if given:
-        (q,) = plan.outputs.make()
+        (q,), (qp,) = plan.outputs.make(stream)
         if plan.grid:
             plan.launch(plan.grid, 256, stream,
-                        (xp, q.data.ptr, scale_array.data.ptr, 0, 0) + plan.args)
+                        (xp, qp, scale_array.data.ptr, 0, 0) + plan.args)
         return q, scale_array.reshape(1)
     if not plan.grid:
-        q, scale_out = plan.outputs.make()
-        scale_out.fill(np.float32(scale_value))
+        q, scale_out = plan.outputs.make(stream)[0]
+        _fill(scale_out, float(np.float32(scale_value)))
         return q, scale_out
     replay = functools.partial(plan.static, _f32_bits(scale_value))
     offer(replay)
@@ -420,7 +427,7 @@ def quantize_tiles(stream, w, t: FloatType, code: CodeType, rule: int = ZERO_IS_
                                    _gpu.Outputs(((n, k), _code_dtype(code)), ((tn, tk), _F32)),
                                    (n, k, tn, tk, code.inv_qmax_bits)))
     if not plan.grid:
-        return plan.outputs.make()
+        return plan.outputs.make(stream)[0]
     offer(plan.tiles)
     return plan.tiles(stream, (wp,))
 
@@ -449,7 +456,7 @@ def dequantize(stream, q, rows: int, k: int, scale, code: CodeType, out: FloatTy
             _gpu.Outputs((q.shape, out.numpy)),
             (rows, kv) + _gpu.fastdiv(kv) + (max(group, 1).bit_length() - 1, srs, scs)))
     if not plan.grid:
-        return plan.outputs.make()[0]
+        return plan.outputs.make(stream)[0][0]
     if given:
         offer(plan.dequantize)
     return plan.dequantize(stream, (qp, scale.data.ptr))
@@ -477,7 +484,7 @@ def run_rows(stream, x, t: FloatType, code: CodeType, rule: int, eps=NO_EPS, smo
         fill = (_core.scale_zero_is_one(np.zeros(1, np.float32), code) if rule == ZERO_IS_ONE
                 else _core.scale_floor(np.zeros(1, np.float32), eps, code))
         cp = cupy_module()
-        return (cp.empty(shape, dtype=_code_dtype(code)),
+        return (cp.empty(shape, dtype=_U8 if code is E4M3 else _I8),
                 cp.full(shape[:-1], fill.astype(scale_type.numpy)[0], dtype=scale_type.numpy)
                 ), code is E4M3
     x = contiguous(x)

@@ -115,7 +115,7 @@ def quantize(stream, x, t, bits, g, mode, rbits, seed, policy=DEFAULT_POLICY):
                          persistent_tiles=False, tile_fmt_of_bits=tile_fmt_of_bits,
                          policy=policy)
     if plan is None:
-        return outputs.make(), False
+        return outputs.make(stream)[0], False
     run = QuantizeRun(outputs, plan, mode, seed)
     # Seeded calls are not kept: a seed is part of the key, and seeds change call by call.
     if rounding != PHILOX and xc is x and rb is rbits:

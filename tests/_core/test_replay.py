@@ -159,6 +159,7 @@ cp = pytest.importorskip("cupy")
 from cuquant import groupwise, testing  # noqa: E402
 from cuquant._core import arrays as _arrays  # noqa: E402
 from cuquant._cuda import kernels as _kernels  # noqa: E402
+from cuquant._cuda import groupwise as _gpu_groupwise  # noqa: E402
 from cuquant._cuda import launch as _gpu  # noqa: E402
 
 BASE = 0x7F0000000000  # device memory that is never touched: nothing is launched
@@ -200,7 +201,7 @@ def recorded(monkeypatch):
     monkeypatch.setattr(_gpu, "props", lambda d: {"sm_count": 132, "cc": "90",
                                                   "smem_optin": 227 * 1024})
     workspace = cp.ndarray((4,), np.uint32, mem + (1 << 33))
-    monkeypatch.setattr(_gpu, "workspace", lambda *a: workspace)
+    monkeypatch.setattr(_gpu, "workspace", lambda *a: workspace.data.ptr)
     monkeypatch.setattr(_gpu.Launch, "__call__", record)
     try:
         yield mem, launches
@@ -258,20 +259,35 @@ def test_replay_launches_what_the_first_call_launched(recorded, op, variant, rng
         [(o.shape, o.dtype, o.strides, o.data.ptr) for o in second]
 
 
-def test_batched_replay_uploads_the_table_the_first_call_uploaded(recorded, monkeypatch, rng):
-    """A batch of CuPy items replayed: the same launch, and a table whose rows differ from
-    the first call's only by the items' new addresses; items given as dicts, or a params
-    array that had to be copied to be aligned, are never kept."""
-    mem, launches = recorded
+def _record_tables(monkeypatch, launches):
+    """Launches of kernels with a struct argument recorded with the struct's words."""
     tables = []
 
-    def upload(a):
-        tables.append(np.array(a))
-        return cp.ndarray(a.shape, a.dtype, mem + (1 << 32))
+    def record(self, grid, threads, stream_, data):
+        launches.append((self.fn.expr, grid, threads, self.smem))
+        tables.append(np.frombuffer(bytes(data), dtype=np.uint64).copy())
 
-    monkeypatch.setattr(cp, "asarray", upload)
+    monkeypatch.setattr(_gpu.Launch, "with_struct", record)
     monkeypatch.setattr(cp.cuda, "Device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(cp.cuda, "get_current_stream", lambda: cp.cuda.Stream.null)
+    return tables
+
+
+ITEMS = _gpu_groupwise.BATCH_ITEMS
+
+
+def _rows(table):
+    """The items of a BatchTable (8 words each) and their count."""
+    n = int(table[8 * ITEMS]) & 0xffffffff
+    return table[:8 * ITEMS].reshape(ITEMS, 8)[:n], n
+
+
+def test_batched_replay_passes_the_table_the_first_call_passed(recorded, monkeypatch, rng):
+    """A batch of CuPy items replayed: the same launch, and a table (the kernel's argument)
+    whose rows differ from the first call's only by the items' new addresses; items given
+    as dicts, or a params array that had to be copied to be aligned, are never kept."""
+    mem, launches = recorded
+    tables = _record_tables(monkeypatch, launches)
     from cuquant import dequantize_groupwise_batched
 
     host_items = testing.groups.batched_inputs(np, rng, 6, 4096)
@@ -281,12 +297,14 @@ def test_batched_replay_uploads_the_table_the_first_call_uploaded(recorded, monk
     out2 = dequantize_groupwise_batched(second, "bfloat16")   # another key: the whole way
     out3 = dequantize_groupwise_batched(second, "float16")    # replayed
     assert len(_fast._table) == 2 and len(launches) == 3 and len(tables) == 3
-    assert launches[2] == launches[0][:4] + ((BASE + (1 << 32), len(tables[0])),)
+    assert launches[2] == launches[0]
+    rows0, n = _rows(tables[0])
+    assert n == sum(1 for it in first if it[0].size)
     moved = {a.data.ptr: b.data.ptr for x, y in zip(first, second) for a, b in zip(x[:2], y[:2])}
-    want = tables[0].copy().view(np.uint64)
-    for row in want:
+    want = tables[0].copy()
+    for row in want[:8 * ITEMS].reshape(ITEMS, 8)[:n]:
         row[0], row[1] = moved[int(row[0])], moved[int(row[1])]
-    np.testing.assert_array_equal(tables[2].view(np.uint64), want)
+    np.testing.assert_array_equal(tables[2], want)
     assert [(o.shape, o.dtype, o.data.ptr) for o in out1] == \
         [(o.shape, o.dtype, o.data.ptr) for o in out3]
     assert [o.dtype for o in out2] == [np.dtype(ml_dtypes.bfloat16)] * len(out2)
@@ -299,3 +317,44 @@ def test_batched_replay_uploads_the_table_the_first_call_uploaded(recorded, monk
     dequantize_groupwise_batched([(second[0][0], odd) + second[0][2:]] + second[1:],
                                  "float16")
     assert len(_fast._table) == n
+
+
+def test_a_batch_past_a_tables_items_takes_a_launch_a_table(recorded, monkeypatch, rng):
+    """ITEMS + 7 tensors: two launches, the second table holding the last 7 items, each
+    table's blocks numbered from 0 and its grid the sum of its items' blocks."""
+    mem, launches = recorded
+    tables = _record_tables(monkeypatch, launches)
+    from cuquant import dequantize_groupwise_batched
+
+    q = np.zeros((4, 256), np.int8)
+    p = np.ones((8, 1), np.float32)
+    items = [tuple(_on_device(mem, (q, p), {}, (1 << 30) + 8192 * i)[0]) + (8, True, 128)
+             for i in range(ITEMS + 7)]
+    dequantize_groupwise_batched(items, "float32")
+    assert len(launches) == 2
+    for (_, grid, _, _), table, count in zip(launches, tables, (ITEMS, 7)):
+        rows, n = _rows(table)
+        assert n == count
+        starts = [int(r[5]) for r in rows]
+        assert starts[0] == 0 and starts == sorted(starts)
+        assert grid == starts[-1] + (starts[1] - starts[0])  # items of one size
+    addresses = [int(r[0]) for t in tables for r in _rows(t)[0]]
+    assert addresses == [it[0].data.ptr for it in items]
+
+
+def test_given_outputs_are_taken_once_and_only_when_they_fit(recorded):
+    """A call's output buffers given with the stream (XLA's, in a jax.jit call) become the
+    outputs when they are what the call makes, once; otherwise the call allocates."""
+    mem, _ = recorded
+    fit = [(1 << 20, (4, 8), np.dtype(np.uint8)), (1 << 21, (4,), np.dtype(np.float32))]
+    outputs = _gpu.Outputs(((4, 8), ml_dtypes.float8_e4m3fn), ((4,), np.float32))
+    stream = _gpu.given_stream(1234, 0, fit)
+    arrays, ptrs = outputs.make(stream)
+    assert ptrs == (1 << 20, 1 << 21) and [a.data.ptr for a in arrays] == list(ptrs)
+    assert [(a.shape, a.dtype) for a in arrays] == [((4, 8), np.uint8), ((4,), np.float32)]
+    _, again = outputs.make(stream)  # taken already: allocated
+    assert again[0] == mem.ptr
+    for wrong in ([fit[0]], [fit[0], (1 << 21, (5,), np.dtype(np.float32))],
+                  [fit[0], (1 << 21, (4,), np.dtype(np.float16))]):
+        _, ptrs = outputs.make(_gpu.given_stream(1234, 0, wrong))
+        assert ptrs[0] == mem.ptr

@@ -1,0 +1,104 @@
+"""JAX on the CPU: every op inside jax.jit (a buffer callback through the NumPy backend)
+giving the bits of the eager call, with the eager call's shapes and dtypes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cuquant as cq
+from cuquant import testing
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+OPS = list(testing.all_ops())
+CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
+         for i, op in enumerate(OPS) for j, variant in enumerate(op.variants)]
+SHAPE = (16, 512)
+
+
+def _as_jax(v):
+    if isinstance(v, np.ndarray):
+        return jnp.asarray(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_as_jax(e) for e in v)
+    return v
+
+
+def _flat(v, arrays):
+    """v with its arrays replaced by their places in `arrays`, so that they can be the
+    arguments of the jitted function (not constants of it)."""
+    if isinstance(v, jax.Array):
+        arrays.append(v)
+        return ("__array__", len(arrays) - 1)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_flat(e, arrays) for e in v)
+    if isinstance(v, dict):
+        return {k: _flat(e, arrays) for k, e in v.items()}
+    return v
+
+
+def _unflat(v, arrays):
+    if isinstance(v, tuple) and len(v) == 2 and v[0] == "__array__":
+        return arrays[v[1]]
+    if isinstance(v, (list, tuple)):
+        return type(v)(_unflat(e, arrays) for e in v)
+    if isinstance(v, dict):
+        return {k: _unflat(e, arrays) for k, e in v.items()}
+    return v
+
+
+def _same(a, b):
+    a = list(a) if isinstance(a, (tuple, list)) else [a]
+    b = list(b) if isinstance(b, (tuple, list)) else [b]
+    assert len(a) == len(b) and len(a) > 0
+    for x, y in zip(a, b):
+        assert isinstance(x, jax.Array) and isinstance(y, jax.Array)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype.itemsize > 1:
+            x, y = (x.view({2: np.int16, 4: np.int32, 8: np.int64}[x.dtype.itemsize]),
+                    y.view({2: np.int16, 4: np.int32, 8: np.int64}[y.dtype.itemsize]))
+        else:
+            x, y = x.view(np.uint8), y.view(np.uint8)
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("op, variant", CASES)
+def test_jit_equals_eager(op, variant, rng):
+    for dtype in op.dtypes:
+        args, kwargs = op.make(np, rng, SHAPE, dtype, **variant)
+        args, kwargs = _as_jax(list(args)), {k: _as_jax(v) for k, v in kwargs.items()}
+        arrays: list = []
+        spec = _flat((args, kwargs), arrays)
+
+        def fn(*arrays):
+            a, k = _unflat(spec, arrays)
+            return op.fn(*a, **k)
+
+        eager = op.fn(*args, **kwargs)
+        _same(jax.jit(fn)(*arrays), eager)
+
+
+def test_jit_takes_a_policy_and_jax_dtypes(rng):
+    x = jnp.asarray(testing.float_input(np, rng, SHAPE, "float32"))
+    policy = cq.KernelPolicy(tiles=False)
+
+    def fn(x):
+        q, p = cq.quantize_groupwise(x, 8, True, 128, policy=policy)
+        return cq.dequantize_groupwise(q, p, 8, True, 128, jnp.bfloat16, policy=policy)
+
+    _same(jax.jit(fn)(x), fn(x))
+
+
+def test_jit_refuses_a_stream(rng):
+    x = jnp.asarray(testing.float_input(np, rng, SHAPE, "float32"))
+    with pytest.raises(TypeError, match="quantize_int8_per_channel: stream= is not taken"):
+        jax.jit(lambda x: cq.quantize_int8_per_channel(x, stream=1))(x)
+
+
+def test_a_traced_array_after_a_host_one_is_refused(rng):
+    x = testing.float_input(np, rng, SHAPE, "float32")
+    with pytest.raises(TypeError, match="scale is traced"):
+        jax.jit(lambda s: cq.quantize_int8_per_tensor(x, scale=s))(jnp.float32(0.5))
