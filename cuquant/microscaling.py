@@ -50,7 +50,8 @@ _E4M3_IN = {_U8: "uint8", E4M3.numpy: E4M3.name}
 
 def _scales_out(a, m, k, block, name):
     if a["scale_layout"] == "swizzled":
-        return Out((swizzled_size(m, k // block),), "uint8")
+        rows, cols = swizzled_size(m, k // block)
+        return Out((rows * cols,), "uint8")
     return Out((m, k // block), name)
 
 

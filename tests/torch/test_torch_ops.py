@@ -28,8 +28,8 @@ def _as_torch(v):
     if isinstance(v, np.ndarray):
         if v.dtype.name == "bfloat16":
             return torch.from_numpy(v.view(np.int16).copy()).view(torch.bfloat16)
-        if v.dtype.name == "float8_e4m3fn":
-            return torch.from_numpy(v.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+        if v.dtype.itemsize == 1 and v.dtype.name.startswith("float8"):  # e4m3 codes, E8M0
+            return torch.from_numpy(v.view(np.uint8).copy()).view(getattr(torch, v.dtype.name))
         return torch.from_numpy(v.copy())
     if isinstance(v, (list, tuple)):
         return type(v)(_as_torch(e) for e in v)
