@@ -17,6 +17,7 @@ from cuquant import testing  # noqa: E402
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 jax = pytest.importorskip("jax")
+from _jit_args import flat, unflat  # noqa: E402
 jnp = jax.numpy
 
 OPS = list(testing.all_ops())
@@ -68,27 +69,6 @@ def _inputs(op, variant, rng, shape):
             {k: _to_jax(v) for k, v in kwargs.items()})
 
 
-def _flat(v, arrays):
-    if isinstance(v, jax.Array):
-        arrays.append(v)
-        return ("__array__", len(arrays) - 1)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_flat(e, arrays) for e in v)
-    if isinstance(v, dict):
-        return {k: _flat(e, arrays) for k, e in v.items()}
-    return v
-
-
-def _unflat(v, arrays):
-    if isinstance(v, tuple) and len(v) == 2 and v[0] == "__array__":
-        return arrays[v[1]]
-    if isinstance(v, (list, tuple)):
-        return type(v)(_unflat(e, arrays) for e in v)
-    if isinstance(v, dict):
-        return {k: _unflat(e, arrays) for k, e in v.items()}
-    return v
-
-
 @pytest.mark.parametrize("op, variant", CASES)
 def test_jax_in_equals_cupy_in(op, variant, rng):
     for shape in SHAPES:
@@ -104,10 +84,10 @@ def test_jit_equals_eager(op, variant, rng):
         args, kwargs, jargs, jkw = _inputs(op, variant, rng, shape)
         want = op.fn(*args, **kwargs)
         arrays: list = []
-        spec = _flat((list(jargs), jkw), arrays)
+        spec = flat((list(jargs), jkw), arrays)
 
         def fn(*arrays):
-            a, k = _unflat(spec, arrays)
+            a, k = unflat(spec, arrays)
             return op.fn(*a, **k)
 
         f = jax.jit(fn)

@@ -10,6 +10,7 @@ import cuquant as cq
 from cuquant import testing
 
 jax = pytest.importorskip("jax")
+from _jit_args import flat, unflat  # noqa: E402 - needs jax
 jnp = jax.numpy
 
 OPS = list(testing.all_ops())
@@ -23,29 +24,6 @@ def _as_jax(v):
         return jnp.asarray(v)
     if isinstance(v, (list, tuple)):
         return type(v)(_as_jax(e) for e in v)
-    return v
-
-
-def _flat(v, arrays):
-    """v with its arrays replaced by their places in `arrays`, so that they can be the
-    arguments of the jitted function (not constants of it)."""
-    if isinstance(v, jax.Array):
-        arrays.append(v)
-        return ("__array__", len(arrays) - 1)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_flat(e, arrays) for e in v)
-    if isinstance(v, dict):
-        return {k: _flat(e, arrays) for k, e in v.items()}
-    return v
-
-
-def _unflat(v, arrays):
-    if isinstance(v, tuple) and len(v) == 2 and v[0] == "__array__":
-        return arrays[v[1]]
-    if isinstance(v, (list, tuple)):
-        return type(v)(_unflat(e, arrays) for e in v)
-    if isinstance(v, dict):
-        return {k: _unflat(e, arrays) for k, e in v.items()}
     return v
 
 
@@ -71,10 +49,10 @@ def test_jit_equals_eager(op, variant, rng):
         args, kwargs = op.make(np, rng, SHAPE, dtype, **variant)
         args, kwargs = _as_jax(list(args)), {k: _as_jax(v) for k, v in kwargs.items()}
         arrays: list = []
-        spec = _flat((args, kwargs), arrays)
+        spec = flat((args, kwargs), arrays)
 
         def fn(*arrays):
-            a, k = _unflat(spec, arrays)
+            a, k = unflat(spec, arrays)
             return op.fn(*a, **k)
 
         eager = op.fn(*args, **kwargs)
