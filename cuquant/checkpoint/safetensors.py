@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import threading
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ _BY_NUMPY.update({np.dtype(np.float16): "F16", np.dtype(np.float32): "F32",
 
 MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's limit too
 _ALIGN = 8
+
+
+# Positional reads (POSIX preadv): several threads read one file at once.
+_POSITIONAL = hasattr(os, "preadv")
 
 
 class SafetensorsError(ValueError):
@@ -163,6 +168,7 @@ class SafetensorsFile:
 
     def __init__(self, path):
         self.path = os.fspath(path)
+        self._lock = threading.Lock()
         self._f = open(self.path, "rb")  # noqa: SIM115 - held until close()
         try:
             self._parse()
@@ -237,10 +243,24 @@ class SafetensorsFile:
 
     # -- reading data ------------------------------------------------------------------
 
+    def _pread(self, view: memoryview, at: int) -> int:
+        """Read into `view` from file offset `at`; positional where the system has it, so
+        that threads reading one file need no shared position. Returns the bytes read."""
+        if _POSITIONAL:
+            fd, got = self._f.fileno(), 0
+            while got < len(view):
+                n = os.preadv(fd, [view[got:]], at + got)
+                if n == 0:
+                    break
+                got += n
+            return got
+        with self._lock:
+            self._f.seek(at)
+            return self._f.readinto(view)
+
     def _read_into(self, buf: np.ndarray, at: int) -> None:
         view = memoryview(buf.reshape(-1).view(np.uint8))
-        self._f.seek(at)
-        got = self._f.readinto(view)
+        got = self._pread(view, at)
         if got != len(view):
             self._fail(f"truncated: wanted {len(view)} bytes at offset {at}, read {got}")
 
@@ -264,13 +284,12 @@ class SafetensorsFile:
             self._read_into(out, info.begin + r0 * row * dt.itemsize)
         return out
 
-    def read_bytes(self, name: str, offset: int = 0, size: int | None = None) -> bytes:
+    def read_bytes(self, name: str, offset: int = 0, size: int | None = None) -> bytearray:
         """Raw bytes of a tensor (any dtype, known or not), from `offset` within it."""
         info = self.tensors[name]
         size = info.nbytes - offset if size is None else size
-        self._f.seek(info.begin + offset)
-        data = self._f.read(size)
-        if len(data) != size:
+        data = bytearray(size)
+        if self._pread(memoryview(data), info.begin + offset) != size:
             self._fail(f"truncated: tensor {name!r} is cut short")
         return data
 

@@ -149,16 +149,17 @@ class _PrefetchedFile:
 
 
 class _ReadAhead:
-    """The input reads of a shard, in the order the work makes them, done on a thread
-    `depth` reads ahead: the disk (or the page cache) is read while the device computes
-    and the previous output is written. Stands in for the Checkpoint in the work
-    functions."""
+    """The input reads of a shard, in the order the work makes them, done `depth` reads
+    ahead on `threads` threads (positional reads, so several bands are read at once): the
+    disk (or the page cache) is read while the device computes and the previous output is
+    written. Stands in for the Checkpoint in the work functions."""
 
-    def __init__(self, ck: Checkpoint, reads: Iterable[Read], alloc, depth: int = 2):
+    def __init__(self, ck: Checkpoint, reads: Iterable[Read], alloc, depth: int = 3,
+                 threads: int = 2):
         self.ck, self._alloc = ck, alloc
         self._reads = iter(reads)
         self._pending: deque = deque()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="cuquant-read")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cuquant-read")
         for _ in range(depth):
             self._submit()
 

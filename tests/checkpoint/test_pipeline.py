@@ -78,3 +78,17 @@ def test_write_behind_raises_a_failed_write(tmp_path):
     with pytest.raises(SafetensorsError, match="more than its 4"):
         w.drain()
     w0.abort()
+
+
+def test_reads_on_several_threads_of_one_file(tmp_path, rng):
+    x = rng.standard_normal((4096, 64)).astype(np.float32)
+    save_file({"x": x}, tmp_path / "big.safetensors")
+    planned = [("rows", "x", r, r + 16) for r in range(0, 4096, 16)]
+    with open_checkpoint(tmp_path / "big.safetensors") as ck:
+        ahead = _ReadAhead(ck, planned, np.empty, depth=32, threads=8)
+        try:
+            f = ahead.file_of("x")
+            for _, _, r0, r1 in planned:
+                np.testing.assert_array_equal(f.read_rows("x", r0, r1), x[r0:r1])
+        finally:
+            ahead.close()
