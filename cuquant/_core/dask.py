@@ -367,6 +367,9 @@ def _tiles(fn, name, args, kwargs):
     """128x128 tiles: whole rows in runs of a multiple of 128; a dequantizer's scale
     [ceil(N/128), ceil(K/128)] is cut with its tiles' rows."""
     x = args[0]
+    if x.ndim != 2:
+        first = next(iter(inspect.signature(fn).parameters))
+        raise ValueError(f"{name}: {first} must be a 2-D array; got shape {tuple(x.shape)}")
     n, k = x.shape
     gpu = _on_gpu(x)
     chunks = _runs(x.chunks[0], n, TILE)

@@ -308,6 +308,8 @@ def test_microscaling_refusals_are_the_ops_own(rng):
         cq.dequantize_mxfp4(_ragged(q, 70), _ragged(cq.quantize_mxfp4(x[:100])[1], 70), "float32")
     with pytest.raises(ValueError, match="quantize_nvfp4: x must be a 2-D array"):
         cq.quantize_nvfp4(da.from_array(np.zeros((2, 3, 64), np.float32), chunks=(1, 2, 64)))
+    with pytest.raises(ValueError, match="quantize_fp8_per_block: w must be a 2-D array"):
+        cq.quantize_fp8_per_block(da.from_array(np.zeros((2, 3, 64), np.float32), chunks=(1, 2, 64)))
     with pytest.raises(ValueError, match="stream= does not apply to dask arrays"):
         cq.quantize_mxfp8(d, stream=0)
 
