@@ -262,42 +262,58 @@ def test_awq_files(llama, tmp_path, device):
 # ---------------------------------------------------------------------------------------
 # Checkpoints written by compressed-tensors itself
 
-def ct_checkpoint(path, scheme: str):
-    """A tiny Llama compressed by compressed-tensors (min-max scales), saved; returns the
-    weights compressed-tensors' own decompression gives."""
+def ct_own_checkpoint(path, scheme: str, set_scales, spread: bool = False):
+    """A tiny Llama in `scheme` compressed by compressed-tensors itself, saved, after
+    `set_scales(module, weight, weight_args)` set each quantized Linear's parameters (as
+    its observers would); returns the weights compressed-tensors' own decompression gives.
+    `spread`: rows of the projections scaled by factors up to e**+-6 apart."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationConfig, apply_quantization_config,
                                                  preset_name_to_scheme)
-    from compressed_tensors.quantization.utils import calculate_qparams
 
     torch.manual_seed(1)
     cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=2,
                                    vocab_size=256, tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    if spread:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("proj.weight"):
+                    p.mul_(torch.exp(2 * torch.randn(p.shape[0], 1)).to(p.dtype))
     sch = preset_name_to_scheme(scheme, ["Linear"])
     qc = QuantizationConfig(config_groups={"group_0": sch}, ignore=["lm_head"],
                             quantization_status="frozen")
     apply_quantization_config(model, qc)
     for m in model.modules():
-        if not hasattr(m, "weight_scale"):
-            continue
-        w, a = m.weight.data, sch.weights
-        if a.strategy == "group":
-            wg = w.float().reshape(w.shape[0], -1, a.group_size)
-            lo, hi = wg.amin(-1), wg.amax(-1)
-        else:
-            lo, hi = w.float().amin(-1, keepdim=True), w.float().amax(-1, keepdim=True)
-        s, z = calculate_qparams(lo.to(w.dtype), hi.to(w.dtype), a)
-        m.weight_scale.data.copy_(s.reshape(m.weight_scale.shape))
-        if hasattr(m, "weight_zero_point"):
-            m.weight_zero_point.data.copy_(z.reshape(m.weight_zero_point.shape))
+        if hasattr(m, "weight_scale"):
+            set_scales(m, m.weight.data, sch.weights)
     comp = ModelCompressor.from_pretrained_model(model)
     comp.compress_model(model)
     model.save_pretrained(path)
     comp.update_config(path)
     comp.decompress_model(model)
     return linear_weights(model)
+
+
+def _min_max_scales(m, w, a):
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    if a.strategy == "group":
+        wg = w.float().reshape(w.shape[0], -1, a.group_size)
+        lo, hi = wg.amin(-1), wg.amax(-1)
+    else:
+        lo, hi = w.float().amin(-1, keepdim=True), w.float().amax(-1, keepdim=True)
+    s, z = calculate_qparams(lo.to(w.dtype), hi.to(w.dtype), a)
+    m.weight_scale.data.copy_(s.reshape(m.weight_scale.shape))
+    if hasattr(m, "weight_zero_point"):
+        m.weight_zero_point.data.copy_(z.reshape(m.weight_zero_point.shape))
+
+
+def ct_checkpoint(path, scheme: str):
+    """A tiny Llama compressed by compressed-tensors (min-max scales), saved; returns the
+    weights compressed-tensors' own decompression gives."""
+    return ct_own_checkpoint(path, scheme, _min_max_scales)
 
 
 @pytest.mark.parametrize("scheme", CT_SCHEMES)

@@ -27,6 +27,7 @@ from test_checkpoint_engines import (
     _require,
     assert_clean_load,
     bits_equal,
+    ct_own_checkpoint,
     dequantizing,
     linear_weights,
     logits,
@@ -266,47 +267,26 @@ def test_non_finite_weights_are_refused(tmp_path, capsys, scheme, bad):
 # ---------------------------------------------------------------------------------------
 # Checkpoints written by compressed-tensors itself
 
-def ct_fp4_checkpoint(path, scheme: str):
-    """A tiny Llama compressed by compressed-tensors with its own observers' arithmetic
-    (calculate_qparams, and generate_gparam for NVFP4's global scale), saved; returns the
-    weights compressed-tensors' own decompression gives."""
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationConfig, apply_quantization_config,
-                                                 preset_name_to_scheme)
+def _fp4_scales(m, w, a):
+    """compressed-tensors' observers' arithmetic: calculate_qparams, and generate_gparam for
+    NVFP4's global scale."""
     from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
-    torch.manual_seed(1)
-    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   vocab_size=256, tie_word_embeddings=False)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("proj.weight"):
-                p.mul_(torch.exp(2 * torch.randn(p.shape[0], 1)).to(p.dtype))
-    sch = preset_name_to_scheme(scheme, ["Linear"])
-    qc = QuantizationConfig(config_groups={"group_0": sch}, ignore=["lm_head"],
-                            quantization_status="frozen")
-    apply_quantization_config(model, qc)
-    for m in model.modules():
-        if not hasattr(m, "weight_scale"):
-            continue
-        w, a = m.weight.data, sch.weights
-        gs = None
-        if hasattr(m, "weight_global_scale"):
-            gs = generate_gparam(w.float().amin(), w.float().amax())
-            m.weight_global_scale.data.copy_(gs)
-        if hasattr(m, "input_global_scale"):   # NVFP4's activations (W4A4): a static value
-            m.input_global_scale.data.fill_(1.0)
-        wg = w.reshape(w.shape[0], -1, a.group_size)
-        s, _ = calculate_qparams(wg.amin(-1), wg.amax(-1), a, global_scale=gs)
-        m.weight_scale.data.copy_(s.reshape(m.weight_scale.shape))
-    comp = ModelCompressor.from_pretrained_model(model)
-    comp.compress_model(model)
-    model.save_pretrained(path)
-    comp.update_config(path)
-    comp.decompress_model(model)
-    return linear_weights(model)
+    gs = None
+    if hasattr(m, "weight_global_scale"):
+        gs = generate_gparam(w.float().amin(), w.float().amax())
+        m.weight_global_scale.data.copy_(gs)
+    if hasattr(m, "input_global_scale"):   # NVFP4's activations (W4A4): a static value
+        m.input_global_scale.data.fill_(1.0)
+    wg = w.reshape(w.shape[0], -1, a.group_size)
+    s, _ = calculate_qparams(wg.amin(-1), wg.amax(-1), a, global_scale=gs)
+    m.weight_scale.data.copy_(s.reshape(m.weight_scale.shape))
+
+
+def ct_fp4_checkpoint(path, scheme: str):
+    """A tiny Llama compressed by compressed-tensors with its own observers' arithmetic,
+    saved; returns the weights compressed-tensors' own decompression gives."""
+    return ct_own_checkpoint(path, scheme, _fp4_scales, spread=True)
 
 
 # NVFP4A16 and MXFP4A16 are weight-only (what the command writes); NVFP4 and MXFP4 are
