@@ -175,9 +175,10 @@ def _fit(shape, kw):
     return fit_shape(shape, kw.get("group_size", 128), kw.get("bits", 4) == 4, flat=False)
 
 
-def _make_zp_quantize(xp, rng, shape, dtype, **kw):
-    shape = _fit(shape, kw)
-    x = float_input(xp, rng, shape, dtype)
+def stochastic_words(xp, rng, shape, kw) -> dict:
+    """kw with rbits= or seed= for a stochastic variant, by its "source" key ("rbits", else
+    a seed); the key itself taken out."""
+    kw = dict(kw)
     source = kw.pop("source", "seed")
     if kw.get("rounding") == "stochastic":
         if source == "rbits":
@@ -185,7 +186,13 @@ def _make_zp_quantize(xp, rng, shape, dtype, **kw):
             kw["rbits"] = words if xp is np else xp.asarray(words)
         else:
             kw["seed"] = int(rng.integers(1 << 62))
-    return (x,), kw
+    return kw
+
+
+def _make_zp_quantize(xp, rng, shape, dtype, **kw):
+    shape = _fit(shape, kw)
+    x = float_input(xp, rng, shape, dtype)
+    return (x,), stochastic_words(xp, rng, shape, kw)
 
 
 def _make_zp_dequantize(xp, rng, shape, dtype, source_dtype="float16", **kw):

@@ -7,6 +7,7 @@ import numpy as np
 
 import cuquant
 
+from .groups import stochastic_words
 from .ops import TEST_SHAPES_2D, F, Op, float_input
 
 SHAPES = TEST_SHAPES_2D + ((128, 7168), (257, 96), (300, 48))
@@ -22,23 +23,10 @@ def fit(shape, block: int) -> tuple:
     return (m, max(block, -(-k // block) * block))
 
 
-def _words(xp, rng, shape, kw):
-    """rbits= or seed= for a stochastic variant (its "source" key), as the zero point does."""
-    kw = dict(kw)
-    source = kw.pop("source", None)
-    if kw.get("rounding") == "stochastic":
-        if source == "rbits":
-            words = rng.integers(0, 1 << 32, size=shape, dtype=np.uint32)
-            kw["rbits"] = words if xp is np else xp.asarray(words)
-        else:
-            kw["seed"] = int(rng.integers(1 << 62))
-    return kw
-
-
 def _quantize(block):
     def make(xp, rng, shape, dtype, **kw):
         shape = fit(shape, block)
-        return (float_input(xp, rng, shape, dtype),), _words(xp, rng, shape, kw)
+        return (float_input(xp, rng, shape, dtype),), stochastic_words(xp, rng, shape, kw)
     return make
 
 
@@ -50,7 +38,7 @@ def _dequantize(quantize, block):
     def make(xp, rng, shape, dtype, **kw):
         shape = fit(shape, block)
         x = float_input(xp, rng, shape, np.float32)
-        out = quantize(x, **_words(xp, rng, shape, kw))
+        out = quantize(x, **stochastic_words(xp, rng, shape, kw))
         return tuple(out) + (dtype,), {k: v for k, v in kw.items() if k not in QUANTIZE_ONLY}
     return make
 
