@@ -48,13 +48,10 @@ def dequantize_checkpoint(src, dst, *, dtype: str | None = None, device: str = "
     CheckpointError
         Among others, when quantized codes have no scale beside them.
     """
-    if scheduler is not None and _cluster is None:
-        kwargs = dict(locals())
+    if _cluster is None and (scheduler is not None or resume):
+        kwargs = dict(locals())  # the arguments, before any other name is bound
         from .distributed import on_cluster
         return on_cluster(dequantize_checkpoint, kwargs)
-    if resume and _cluster is None:
-        from .distributed import _refuse_resume
-        _refuse_resume("dequantize_checkpoint")
     t0 = time.perf_counter()
     if dtype is not None and dtype not in _ST_OF_FLOAT:
         raise CheckpointError(f"dtype must be bfloat16, float16 or float32; got {dtype!r}")

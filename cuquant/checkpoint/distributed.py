@@ -54,7 +54,11 @@ _SYNC_EVERY = 2.0  # seconds between journal writes: the shards written are sync
 def on_cluster(fn, kwargs: dict):
     """Run `fn` (`quantize_checkpoint` or `dequantize_checkpoint`) with `kwargs` on the
     cluster named by ``kwargs["scheduler"]``: connect (or start a local one), choose the
-    workers' backend, run, and close what was started."""
+    workers' backend, run, and close what was started. ``resume`` without a scheduler is
+    refused."""
+    if kwargs.get("scheduler") is None:
+        raise CheckpointError(f"{fn.__name__}: resume=True continues a run on a Dask cluster; "
+                              "pass scheduler= too (--scheduler)")
     kwargs = {k: v for k, v in kwargs.items() if k != "_cluster"}
     progress = kwargs.get("progress")
     with _Cluster(kwargs["scheduler"], kwargs.get("device", "auto"), _note_of(progress)) as cl:
@@ -64,11 +68,6 @@ def on_cluster(fn, kwargs: dict):
 def _note_of(progress):
     note = getattr(progress, "note", None)
     return note if callable(note) else (lambda text: None)
-
-
-def _refuse_resume(fn_name: str) -> None:
-    raise CheckpointError(f"{fn_name}: resume=True continues a run on a Dask cluster; pass "
-                          "scheduler= too (--scheduler)")
 
 
 # ---------------------------------------------------------------------------------------

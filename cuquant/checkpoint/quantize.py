@@ -91,13 +91,10 @@ def quantize_checkpoint(src, dst, format: str, *, skip: Sequence[str] = (),
     -------
     Report
     """
-    if scheduler is not None and _cluster is None:
-        kwargs = dict(locals())
+    if _cluster is None and (scheduler is not None or resume):
+        kwargs = dict(locals())  # the arguments, before any other name is bound
         from .distributed import on_cluster
         return on_cluster(quantize_checkpoint, kwargs)
-    if resume and _cluster is None:
-        from .distributed import _refuse_resume
-        _refuse_resume("quantize_checkpoint")
     import cuquant
 
     t0 = time.perf_counter()
