@@ -351,17 +351,26 @@ ZP_CASES = [((4, 256), 128), ((3, 96), 32), ((2, 512), 256), ((3, 12), 3), ((2, 
             ((130, 4096), 128), ((2, 1024), 512), ((7, 768), 64)]
 
 
-@pytest.mark.parametrize("shape,g", ZP_CASES, ids=[f"{s}-g{g}" for s, g in ZP_CASES])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_zero_point_matches_numpy(shape, g, dtype, rng):
+def zero_point_results(shape, g, dtype, rng, **mode):
+    """Every bit width, rounding and alignment of the zero-point quantizer at `shape` and
+    group `g` (with `mode`, e.g. symmetric=True) on the GPU, checked bit for bit against
+    the NumPy backend; yields (what, bits, unaligned, the NumPy results)."""
     for bits, (rounding, source), unaligned in itertools.product((4, 8), ZP_ROUNDINGS,
                                                                   (False, True)):
         x, kw, kwh = _zero_point_inputs(rng, shape, dtype, g, source, unaligned)
         what = f"{shape} g={g} {dtype} bits={bits} {rounding} {source} unaligned={unaligned}"
-        got = cq.quantize_groupwise_zero_point(dev(x, unaligned), bits, g, rounding, **kw)
-        want = cq.quantize_groupwise_zero_point(x, bits, g, rounding, **kwh)
+        got = cq.quantize_groupwise_zero_point(dev(x, unaligned), bits, g, rounding, **mode,
+                                               **kw)
+        want = cq.quantize_groupwise_zero_point(x, bits, g, rounding, **mode, **kwh)
         for name, a, b in zip(("codes", "scales", "zeros", "dequant"), got, want):
             assert_same_bits(a, b, f"{what} {name}")
+        yield what, bits, unaligned, want
+
+
+@pytest.mark.parametrize("shape,g", ZP_CASES, ids=[f"{s}-g{g}" for s, g in ZP_CASES])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_zero_point_matches_numpy(shape, g, dtype, rng):
+    for what, _, unaligned, want in zero_point_results(shape, g, dtype, rng):
         for out in OUTS:
             y = cq.dequantize_groupwise_zero_point(dev(want[0], unaligned), dev(want[1]),
                                                    dev(want[2]), g, out)

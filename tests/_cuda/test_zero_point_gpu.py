@@ -13,7 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from test_groupwise_gpu import (DTYPES, OUTS, SMALL_CASES, ZP_CASES, ZP_ROUNDINGS,
-                                _words, _zero_point_inputs, dev)
+                                _words, dev,
+                                zero_point_results)
 
 import cuquant as cq
 from _util import assert_same_bits
@@ -34,14 +35,7 @@ def _same(got, want, what):
 @pytest.mark.parametrize("shape,g", CASES, ids=[f"{s}-g{g}" for s, g in CASES])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_symmetric_matches_numpy(shape, g, dtype, rng):
-    for bits, (rounding, source), unaligned in itertools.product((4, 8), ZP_ROUNDINGS,
-                                                                  (False, True)):
-        x, kw, kwh = _zero_point_inputs(rng, shape, dtype, g, source, unaligned)
-        what = f"{shape} g={g} {dtype} bits={bits} {rounding} {source} unaligned={unaligned}"
-        got = cq.quantize_groupwise_zero_point(dev(x, unaligned), bits, g, rounding,
-                                               symmetric=True, **kw)
-        want = cq.quantize_groupwise_zero_point(x, bits, g, rounding, symmetric=True, **kwh)
-        _same(got, want, what)
+    for what, bits, _, want in zero_point_results(shape, g, dtype, rng, symmetric=True):
         assert (want[2].astype(np.float32) == (1 << (bits - 1))).all(), what
         for out in OUTS:
             y = cq.dequantize_groupwise_zero_point(dev(want[0]), dev(want[1]), dev(want[2]), g,
