@@ -134,24 +134,22 @@ def _check_scales(op, sc, m, c, allowed):
                      f"{cp}) for q of {m} rows and {c} blocks a row; got {shape}")
 
 
-def _codes(op, q, s, per_byte):
+def _dequant_intake(op, q, scales, s, per_byte, block, scale_dtypes):
+    """A dequantizer's codes, e4m3 [M, K] (per_byte 1) or packed e2m1 [M, K/2] (2), and its
+    scales, checked against each other: (codes, scales, whether the scales are swizzled)."""
     a = intake(q, op, "q", s)
     v.check_ndim(a, op, "q", 2, "[M, K]" if per_byte == 1 else "[M, K/2]")
-    return a
-
-
-def _fp4_intake(op, q, scales, s, block, scale_dtypes):
-    """Packed e2m1 codes [M, K/2] and their scales, checked against each other: (codes,
-    scales, whether the scales are swizzled)."""
-    a = _codes(op, q, s, 2)
-    v.check_exact_dtype(a, op, "q", np.uint8)
-    m, k = a.data.shape[0], a.data.shape[1] * 2
+    if per_byte == 1:
+        v.check_dtype(a, op, "q", _E4M3_IN)
+    else:
+        v.check_exact_dtype(a, op, "q", np.uint8)
+    m, k = a.data.shape[0], a.data.shape[1] * per_byte
     if k % block:
-        raise ValueError(f"{op}: q must have 2 * its last axis (K) a multiple of the block, "
-                         f"{block}; got shape {(m, k // 2)}")
+        what = "K" if per_byte == 1 else "2 * its last axis (K)"
+        raise ValueError(f"{op}: q must have {what} a multiple of the block, {block}; got "
+                         f"shape {tuple(a.data.shape)}")
     sc = intake(scales, op, "scales", s)
-    swz = _check_scales(op, sc, m, k // block, scale_dtypes)
-    return a, sc, swz
+    return a, sc, _check_scales(op, sc, m, k // block, scale_dtypes)
 
 
 # ---------------------------------------------------------------------------------------
@@ -215,14 +213,7 @@ def dequantize_mxfp8(q, scales, dtype, *, stream=None, policy=DEFAULT_POLICY):
     policy = check_policy(policy, op)
     s = stream_of(stream, op)
     out = out_dtype(dtype, op)
-    a = _codes(op, q, s, 1)
-    v.check_dtype(a, op, "q", _E4M3_IN)
-    m, k = a.data.shape
-    if k % MX_BLOCK:
-        raise ValueError(f"{op}: q must have K a multiple of the block, {MX_BLOCK}; got shape "
-                         f"{(m, k)}")
-    sc = intake(scales, op, "scales", s)
-    swz = _check_scales(op, sc, m, k // MX_BLOCK, _E8M0_IN)
+    a, sc, swz = _dequant_intake(op, q, scales, s, 1, MX_BLOCK, _E8M0_IN)
     same_place(op, ("q", a), ("scales", sc))
     if a.device == HOST:
         return host_results(a, _numpy.dequantize_mxfp8(a.data, sc.data, out))
@@ -302,7 +293,7 @@ def dequantize_mxfp4(q, scales, dtype, *, stream=None, policy=DEFAULT_POLICY):
     policy = check_policy(policy, op)
     s = stream_of(stream, op)
     out = out_dtype(dtype, op)
-    a, sc, swz = _fp4_intake(op, q, scales, s, MX_BLOCK, _E8M0_IN)
+    a, sc, swz = _dequant_intake(op, q, scales, s, 2, MX_BLOCK, _E8M0_IN)
     same_place(op, ("q", a), ("scales", sc))
     if a.device == HOST:
         return host_results(a, _numpy.dequantize_mxfp4(a.data, sc.data, out))
@@ -411,7 +402,7 @@ def dequantize_nvfp4(q, scales, global_amax, dtype, *, stream=None, policy=DEFAU
     policy = check_policy(policy, op)
     s = stream_of(stream, op)
     out = out_dtype(dtype, op)
-    a, sc, swz = _fp4_intake(op, q, scales, s, NV_BLOCK, _E4M3_IN)
+    a, sc, swz = _dequant_intake(op, q, scales, s, 2, NV_BLOCK, _E4M3_IN)
     if isinstance(global_amax, (int, float, np.floating, np.integer)) and \
             not isinstance(global_amax, bool):
         value, ga = np.float32(global_amax), None
