@@ -26,7 +26,6 @@ except ImportError:
 # (stream ptr, device, output buffers) -> a CuPy stream handing those buffers out as the
 # call's outputs (`_cuda.launch.given_stream`; set by `_core.replay` on import).
 GIVEN_STREAM = None
-_FP8 = "float8_e4m3fn"
 
 
 def traced(args, kwargs) -> bool:
@@ -89,28 +88,54 @@ def route(call, args, kwargs):
     outs = _declare.outputs_of(call, args, kwargs)
     arrays: list = []
     a_spec, k_spec = _split(tuple(args), arrays), _split(kwargs, arrays)
+    # Byte-wide floats (fp8, e8m0, fp4) cross as their uint8 bits: jaxlib's buffers give no
+    # __cuda_array_interface__ for them, and a same-width bitcast costs XLA nothing.
+    given = [a.dtype for a in arrays]
+    arrays = [_as_bits(a) for a in arrays]
     shapes = []
     for o in outs:
-        dt = jax.numpy.dtype(o.dtype)
+        dt = _bits_dtype(jax.numpy.dtype(o.dtype))
         if o.column:  # a [g, round_up(m, 4)] buffer, seen transposed (see declare.Out)
             m, g = o.shape
             shapes.append(jax.ShapeDtypeStruct((g, -(-m // 4) * 4), dt))
         else:
             shapes.append(jax.ShapeDtypeStruct(o.shape, dt))
-    results = buffer_callback(_Callback(call, a_spec, k_spec, outs), shapes)(*arrays)
+    results = buffer_callback(_Callback(call, a_spec, k_spec, outs, given), shapes)(*arrays)
+    results = [_from_bits(r, jax.numpy.dtype(o.dtype)) for r, o in zip(results, outs)]
     results = [r[:, :o.shape[0]].T if o.column else r for r, o in zip(results, outs)]
     if call.__cuquant_many__:
         return list(results)
     return results[0] if len(results) == 1 else tuple(results)
 
 
+def _narrow_float(dt) -> bool:
+    """A byte-wide float dtype (ml_dtypes' fp8, e8m0 and fp4 types)."""
+    return dt.itemsize == 1 and dt.kind == "V"
+
+
+def _bits_dtype(dt):
+    return np.dtype(np.uint8) if _narrow_float(dt) else dt
+
+
+def _as_bits(a):
+    if _narrow_float(np.dtype(a.dtype)):
+        return jax.lax.bitcast_convert_type(a, np.uint8)
+    return a
+
+
+def _from_bits(r, dt):
+    return jax.lax.bitcast_convert_type(r, dt) if _narrow_float(dt) else r
+
+
 class _Callback:
-    """The function XLA calls: runs the public function on the buffers."""
+    """The function XLA calls: runs the public function on the buffers (`given`: the
+    dtypes the caller's arrays had, before byte-wide floats crossed as uint8)."""
 
-    __slots__ = ("call", "a_spec", "k_spec", "outs", "__weakref__")
+    __slots__ = ("call", "a_spec", "k_spec", "outs", "given", "__weakref__")
 
-    def __init__(self, call, a_spec, k_spec, outs):
+    def __init__(self, call, a_spec, k_spec, outs, given):
         self.call, self.a_spec, self.k_spec, self.outs = call, a_spec, k_spec, outs
+        self.given = given
 
     def __call__(self, ctx, out_buffers, *buffers):
         try:
@@ -126,7 +151,7 @@ def _results(call, res):
 
 
 def _cpu_callback(cb, out_buffers, buffers):
-    arrays = [np.asarray(b) for b in buffers]
+    arrays = [np.asarray(b).view(dt) for b, dt in zip(buffers, cb.given)]
     res = _results(cb.call, cb.call(*_join(cb.a_spec, arrays), **_join(cb.k_spec, arrays)))
     for r, o, b in zip(res, cb.outs, out_buffers):
         dst = np.asarray(b)
@@ -139,12 +164,12 @@ def _gpu_callback(cb, handle, out_buffers, buffers):
     import cupy as cp
 
     ptrs = [b.__cuda_array_interface__["data"][0] for b in buffers]
-    outs = [(b.__cuda_array_interface__["data"][0], tuple(b.shape), _cupy_dtype(b.dtype))
+    outs = [(b.__cuda_array_interface__["data"][0], tuple(b.shape), np.dtype(b.dtype))
             for b in out_buffers]
     device = _device_of([p for p in ptrs + [o[0] for o in outs] if p])
     with cp.cuda.Device(device):
         stream = GIVEN_STREAM(handle, device, outs)
-        arrays = [_view(cp, p, tuple(b.shape), _cupy_dtype(b.dtype), device)
+        arrays = [_view(cp, p, tuple(b.shape), np.dtype(b.dtype), device)
                   for p, b in zip(ptrs, buffers)]
         with stream:
             res = _results(cb.call, cb.call(*_join(cb.a_spec, arrays), stream=stream,
@@ -155,12 +180,6 @@ def _gpu_callback(cb, handle, out_buffers, buffers):
                     dst = dst[:, :o.shape[0]].T
                 if r.data.ptr != p or r.strides != dst.strides:  # not made in place
                     cp.copyto(dst, r.view(dt) if r.dtype != dt else r)
-
-
-def _cupy_dtype(dtype) -> np.dtype:
-    """The dtype a buffer is seen with on the CuPy side (fp8 as its uint8 codes)."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.uint8) if dtype.name == _FP8 else dtype
 
 
 def _view(cp, ptr, shape, dtype, device):

@@ -255,14 +255,25 @@ class Launch:
         except AttributeError:
             vals, _, addr = self._block()
         self._pack(vals, 0, *args)
-        _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr, addr, 0)
+        try:
+            _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
+                                 addr, 0)
+        except _driver.CUDADriverError as e:
+            _make_context_current(e)
+            _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
+                                 addr, 0)
 
     def with_struct(self, grid: int, threads: int, stream, data) -> None:
         """Launch a kernel whose one argument is a struct passed by value, `data` its bytes
         (a ctypes buffer): the driver copies it at the launch."""
         ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(data))
-        _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
-                             ctypes.addressof(ptrs), 0)
+        try:
+            _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
+                                 ctypes.addressof(ptrs), 0)
+        except _driver.CUDADriverError as e:
+            _make_context_current(e)
+            _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
+                                 ctypes.addressof(ptrs), 0)
 
 
 class Outputs:
@@ -423,6 +434,20 @@ def f32_bits(v) -> int:
 
 
 _driver = None
+
+
+_CUDA_ERROR_INVALID_CONTEXT = 201
+
+
+def _make_context_current(error) -> None:
+    """After a launch refused for want of a current context, make the current device's
+    primary context current in this thread, as CuPy's own calls do. A thread that has made
+    no runtime call yet has none (a Dask worker's thread whose first call is a replay: the
+    replay makes no runtime call before its launch). Any other error is raised."""
+    if getattr(error, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
+        raise error
+    cp = require_cupy("cuquant")
+    cp.cuda.runtime.free(0)  # cudaFree(NULL) binds the primary context to the thread
 
 
 def _load_driver():

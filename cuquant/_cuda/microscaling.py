@@ -25,7 +25,7 @@ FP4 = (MXFP4, NVFP4)
 THREADS = 256
 CHUNK_VECTORS = 2      # vectors a lane holds of one block (MxQuantShape's VPL)
 TILE_CHUNKS = 32 * 2   # a warp's tile (MxQuantShape's U = 2 chunks a lane)
-DEQUANT_UNROLL = 2
+DEQUANT_UNROLL = 4  # MX_DEQUANT_UNROLL in cuda_src/microscaling/dequantize.cuh
 
 _INV_MAX = {MXFP8: np.float32(1.0) / np.float32(448.0), MXFP4: np.float32(1.0) / np.float32(6.0),
             NVFP4: np.float32(1.0) / np.float32(6.0)}
@@ -212,7 +212,9 @@ def dequantize(stream, q, scales, global_amax, fmt: int, swizzled: bool, out: Fl
     if plan is None:
         c = k // BLOCK[fmt]
         nbytes = qc.size
-        grid = min(-(-(-(-nbytes // 16)) // (THREADS * DEQUANT_UNROLL)), 1 << 20) if nbytes else 0
+        per_store = 16 // out.numpy.itemsize  # elements a unit: one 16-byte store
+        units = nbytes // (per_store // 2 if fmt in FP4 else per_store)
+        grid = min(-(-units // (THREADS * DEQUANT_UNROLL)), 1 << 20) if nbytes else 0
         magic, shift = _gpu.fastdiv(max(c, 1))
         plan = _gpu.remember(_plans, key, DequantizePlan(
             dequant_expr(fmt, out, aligned), qc.data.device_id, grid,

@@ -25,7 +25,8 @@ class Backend:
     def __init__(self, name: str, xp):
         self.name = name
         self.xp = xp
-        self._pinned = None if xp is np else xp.cuda.PinnedMemoryPool()
+        # xp is None for a cluster's client, whose tasks take the backend where they run.
+        self._pinned = None if xp is None or xp is np else xp.cuda.PinnedMemoryPool()
 
     def host_buffer(self, shape, dtype) -> np.ndarray:
         """An uninitialized host array: page-locked on the GPU backend when large."""
@@ -80,16 +81,38 @@ def gpu_available() -> bool:
         return False
 
 
+# One backend of each kind a process: a cluster's tasks each unpickle the backend they were
+# given (`Backend.__reduce__`), and sharing it lets them reuse one pool of page-locked
+# memory instead of locking and unlocking pages for every band.
+_IN_THIS_PROCESS: dict[str, Backend] = {}
+
+
 def select_backend(device: str = "auto") -> Backend:
     """``"cuda"`` (CuPy kernels), ``"cpu"`` (the NumPy backend) or ``"auto"``: the GPU
-    when there is one."""
+    when there is one. The same backend object for the same choice within a process."""
     if device not in ("auto", "cpu", "cuda"):
         raise CheckpointError(f"device must be auto, cpu or cuda; got {device!r}")
     if device == "cpu" or (device == "auto" and not gpu_available()):
-        return Backend("cpu", np)
-    if not gpu_available():
+        name = "cpu"
+    elif not gpu_available():
         raise CheckpointError("--device cuda: no CUDA device is usable here (CuPy missing, no "
                               "driver, or no GPU); use --device cpu")
-    import cupy
+    else:
+        name = "cuda"
+    backend = _IN_THIS_PROCESS.get(name)
+    if backend is None:
+        if name == "cpu":
+            backend = Backend("cpu", np)
+        else:
+            import cupy
 
-    return Backend("cuda", cupy)
+            backend = Backend("cuda", cupy)
+        backend = _IN_THIS_PROCESS.setdefault(name, backend)
+    return backend
+
+
+def release_host_memory() -> None:
+    """Give back the page-locked memory no array uses any more, of every backend this
+    process made (a cluster's client asks its workers for this at the end of a run)."""
+    for backend in list(_IN_THIS_PROCESS.values()):
+        backend.release_host_memory()

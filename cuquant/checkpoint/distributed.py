@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import Backend, gpu_available
+from .backend import Backend, gpu_available, release_host_memory
 from .engines import EngineFormat
 from .formats import CheckpointError, CPU_CHUNK, GPU_CHUNK
 from .plan import _Item, _shard_names
@@ -554,7 +554,10 @@ class _Runner:
             finish(done[tid])
         todo = [t for t in tasks if t.tid not in done]
         if todo:
-            self._submit(todo, work, state, digest, out, finish)
+            try:
+                self._submit(todo, work, state, digest, out, finish)
+            finally:
+                self._release_workers_host_memory()
         _sync(paths)
         return names, {"total_size": total}, weight_map
 
@@ -588,6 +591,14 @@ class _Runner:
             raise
         _sync({todo_path[e["t"]] for e in pending})
         out.append(*pending)
+
+    def _release_workers_host_memory(self) -> None:
+        """The workers keep their page-locked pools between tasks; a run's end gives the
+        memory back, as the single-process run does (the workers may serve other work)."""
+        try:
+            self.cluster.client.run(release_host_memory)
+        except Exception:  # noqa: BLE001 - a worker gone or unreachable holds nothing now
+            pass
 
     @staticmethod
     def _check_state(old, new, out) -> None:

@@ -645,6 +645,13 @@ def test_smooth_quant_close_maxima(dtype, k):
     _compare(None, host, dev, f"smooth_quant close maxima {dtype} K={k}")
 
 
+def _workspace_words(cp, address):
+    """The four uint32 words of a stream's workspace, copied to the host (after a sync)."""
+    cp.cuda.Device().synchronize()
+    mem = cp.cuda.UnownedMemory(address, 16, None)
+    return cp.ndarray(4, np.uint32, cp.cuda.MemoryPointer(mem, 0)).get()
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_smooth_quant_rows_from_the_counter(dtype, rng, built_kernels):
     """Full rows of 7 vectors a thread take their rows after the first two from a counter in
@@ -669,7 +676,8 @@ def test_smooth_quant_rows_from_the_counter(dtype, rng, built_kernels):
             _compare(None, h, d, f"smooth_quant {dtype} {rows} x {k}")
         dev = cp.cuda.Device().id
         for s in streams + [cp.cuda.get_current_stream()]:
-            assert not _gpu.workspace(dev, s).any(), f"workspace left set after {rows} rows"
+            words = _workspace_words(cp, _gpu.workspace(dev, s))
+            assert not words.any(), f"workspace left set after {rows} rows: {words}"
     picked = smooth_kernels(built_kernels)
     assert set(picked) == {((128, 7), True)}, picked  # the geometry that takes rows from the counter
 

@@ -496,15 +496,27 @@ def _batch(rng, sizes, groups, unaligned_every=2):
     return items, host
 
 
+def _count_launches(gpu, monkeypatch) -> list:
+    """A list that gets an entry for every kernel launch, by either of `Launch`'s entries
+    (the batched kernel passes its table as one struct argument)."""
+    calls = []
+    for name in ("__call__", "with_struct"):
+        original = getattr(gpu.Launch, name)
+
+        def counted(self, *a, _original=original, **k):
+            calls.append(1)
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(gpu.Launch, name, counted)
+    return calls
+
+
 def test_batched_matches_numpy_in_one_launch(rng, monkeypatch):
     from cuquant._cuda import launch as _gpu
 
     items, host = _batch(rng, [int(v) for v in rng.integers(100, 200000, 24)],
                          (128, 24, 1, 2048, 7, 136))
-    calls = []
-    original = _gpu.Launch.__call__
-    monkeypatch.setattr(_gpu.Launch, "__call__",
-                        lambda self, *a, **k: (calls.append(1), original(self, *a, **k))[1])
+    calls = _count_launches(_gpu, monkeypatch)
     for out in OUTS:
         calls.clear()
         got = cq.dequantize_groupwise_batched(items, out)
@@ -524,10 +536,7 @@ def test_batched_replays_match_numpy(rng, monkeypatch):
     _arrays.cupy_module()
     _fast.clear()
     sizes = [int(v) for v in rng.integers(100, 200000, 12)]
-    calls = []
-    original = _gpu.Launch.__call__
-    monkeypatch.setattr(_gpu.Launch, "__call__",
-                        lambda self, *a, **k: (calls.append(1), original(self, *a, **k))[1])
+    calls = _count_launches(_gpu, monkeypatch)
     for call in range(3):
         items, host = _batch(rng, sizes, (128, 24, 2048, 7))
         calls.clear()

@@ -269,3 +269,25 @@ def test_partial_output_of_another_run(client, model, single, tmp_path):
     ckpt.quantize_checkpoint(model, tmp_path / "q", "W8A8", scheduler=client, **SMALL)
     assert_same_output(want, tmp_path / "q")
     assert not partial.exists()
+
+
+def test_tasks_share_one_backend_a_process():
+    """A task unpickles the backend it was given as its process's one backend of that kind
+    (so its page-locked pool serves every band there); a cluster client's GPU backend, which
+    holds no CuPy of its own, pickles to the workers' and holds no host memory."""
+    import pickle
+
+    from cuquant.checkpoint import backend as be
+
+    cpu = be.select_backend("cpu")
+    assert be.select_backend("cpu") is cpu
+    assert pickle.loads(pickle.dumps(cpu)) is cpu
+    client_side = be.Backend("cuda", None)
+    assert client_side.host_buffer((3, 5), np.float32).shape == (3, 5)
+    client_side.release_host_memory()
+    if be.gpu_available():  # a worker with a GPU takes its own CUDA backend
+        assert pickle.loads(pickle.dumps(client_side)) is be.select_backend("cuda")
+    else:  # one without refuses the task
+        with pytest.raises(CheckpointError, match="no CUDA device"):
+            pickle.loads(pickle.dumps(client_side))
+    be.release_host_memory()
