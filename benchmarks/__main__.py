@@ -25,7 +25,7 @@ import traceback
 
 import numpy as np
 
-from cuquant import testing
+import op_table
 
 from . import harness
 
@@ -92,9 +92,9 @@ def _bench_dtype(op, forced: str) -> str:
 def _shapes(op, quick):
     """The op's benchmark shapes; --quick keeps the small ones and the headline, or all of
     an op's own when it has none of those (the batched op's tensor lists)."""
-    shapes = getattr(op, "bench_shapes", testing.BENCH_SHAPES)
+    shapes = getattr(op, "bench_shapes", op_table.BENCH_SHAPES)
     if quick:
-        kept = [s for s in shapes if s in testing.SMALL_SHAPES or s == testing.HEADLINE]
+        kept = [s for s in shapes if s in op_table.SMALL_SHAPES or s == op_table.HEADLINE]
         shapes = kept or shapes
     return shapes
 
@@ -132,7 +132,7 @@ def run(opts, checkpoint=None) -> list[dict]:
     timer = harness.Timer()
     copy_bw = harness.copy_bandwidth(timer)
     print(f"# {env['gpu']}  copy bandwidth {copy_bw / 1e12:.3f} TB/s  ({env['date']})", flush=True)
-    ops = testing.all_ops()
+    ops = op_table.all_ops()
     if opts.ops:
         ops = [o for o in ops if o.name in opts.ops.split(",")]
     if opts.family:
@@ -158,10 +158,10 @@ def run(opts, checkpoint=None) -> list[dict]:
                     row.update(us=ms * 1e3, bytes=moved, logical_bytes=logical,
                                tbps=moved / (ms * 1e-3) / 1e12,
                                frac_copy=moved / (ms * 1e-3) / copy_bw)
-                    if shape in testing.SMALL_SHAPES:
+                    if shape in op_table.SMALL_SHAPES:
                         host.add(len(rows), call)
                         row.update(host.result(len(rows)))
-                    if shape in testing.SMALL_SHAPES[:2] or shape == testing.HEADLINE:
+                    if shape in op_table.SMALL_SHAPES[:2] or shape == op_table.HEADLINE:
                         _families(op, args, kwargs, shape, host, rows, row, env)
                     if op.alternative is not None:
                         alt = op.alternative(args, kwargs)
@@ -171,7 +171,7 @@ def run(opts, checkpoint=None) -> list[dict]:
                         row["alternative_wall_us"] = harness.wall_us(alt)
                     if have_torch:
                         for kind in ("eager", "compile", "cupy"):
-                            if kind == "compile" and (opts.no_compile or shape != testing.HEADLINE):
+                            if kind == "compile" and (opts.no_compile or shape != op_table.HEADLINE):
                                 continue
                             try:
                                 bms = _baseline(kind, op, args, kwargs, timer, opts.reps, compiled)
@@ -206,7 +206,7 @@ def _families(op, args, kwargs, shape, host, rows, row, env):
     JAX arrays: host times at the small shapes; at the headline shape, 100 back-to-back
     calls with CuPy arrays and with torch tensors."""
     fp8 = op.family == "fp8" and op.kind == "dequantize"
-    headline = shape == testing.HEADLINE
+    headline = shape == op_table.HEADLINE
     calls = {}
     if env.get("torch"):
         import torch

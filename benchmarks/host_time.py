@@ -15,7 +15,7 @@ import argparse
 
 import numpy as np
 
-from cuquant import testing
+import op_table
 from cuquant._core import arrays as _arrays
 from cuquant._core import replay as _fast
 
@@ -36,7 +36,7 @@ def main():
     empty = harness.empty_launch()
     rng = np.random.default_rng(0)
     print(f"{'op':72s} {'shape':>8s} {'whole way':>9s} {'replay':>7s} {'empty launch':>12s} {'CPU':>4s}")
-    for op in testing.all_ops():
+    for op in op_table.all_ops():
         if opts.ops and op.name not in opts.ops.split(","):
             continue
         for variant, shape in [(v, s) for v in op.bench_variants[:1] for s in SHAPES]:

@@ -31,6 +31,14 @@ def test_wheel_carries_cuda_sources(wheel):
     assert not any(n.startswith("cuda_src/") for n in names)
 
 
+def test_wheel_carries_no_tables_of_tests(wheel):
+    """The op table, the tests and the benchmark are the repository's, not the package's:
+    none of them is importable from an installed wheel."""
+    tops = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"cuquant"}
+    assert not any(n.startswith("cuquant/testing") for n in zipfile.ZipFile(wheel).namelist())
+
+
 def test_wheel_carries_the_license(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     (lic,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]

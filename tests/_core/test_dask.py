@@ -15,10 +15,10 @@ from _util import assert_same_bits
 
 da = pytest.importorskip("dask.array")
 
-from cuquant import testing  # noqa: E402
+import op_table  # noqa: E402
 from cuquant._core import dask as _dask  # noqa: E402
 
-OPS = [op for op in testing.all_ops() if op.name in _dask.RULES]
+OPS = [op for op in op_table.all_ops() if op.name in _dask.RULES]
 
 
 def _uneven(a: np.ndarray):

@@ -156,7 +156,8 @@ def test_the_table_stays_bounded(fake, monkeypatch):
 
 cp = pytest.importorskip("cupy")
 
-from cuquant import groupwise, testing  # noqa: E402
+import op_table  # noqa: E402
+from cuquant import groupwise  # noqa: E402
 from cuquant._core import arrays as _arrays  # noqa: E402
 from cuquant._cuda import kernels as _kernels  # noqa: E402
 from cuquant._cuda import groupwise as _gpu_groupwise  # noqa: E402
@@ -228,7 +229,7 @@ def _on_device(mem, args, kwargs, offset):
 
 
 CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
-         for i, op in enumerate(testing.all_ops()) if op.name != "dequantize_groupwise_batched"
+         for i, op in enumerate(op_table.all_ops()) if op.name != "dequantize_groupwise_batched"
          for j, variant in enumerate(op.variants)]
 
 
@@ -290,7 +291,7 @@ def test_batched_replay_passes_the_table_the_first_call_passed(recorded, monkeyp
     tables = _record_tables(monkeypatch, launches)
     from cuquant import dequantize_groupwise_batched
 
-    host_items = testing.groups.batched_inputs(np, rng, 6, 4096)
+    host_items = op_table.groups.batched_inputs(np, rng, 6, 4096)
     first, second = ([tuple(_on_device(mem, it[:2], {}, at + 65536 * i)[0]) + tuple(it[2:])
                       for i, it in enumerate(host_items)] for at in (1 << 30, 1 << 31))
     out1 = dequantize_groupwise_batched(first, "float16")

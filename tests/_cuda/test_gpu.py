@@ -13,12 +13,12 @@ import pytest
 
 import cuquant as cq
 from _util import assert_same_bits
-from cuquant import testing
+import op_table
 from cuquant._core.dtypes import E4M3, FLOATS, INT8
 
 pytestmark = pytest.mark.gpu
 
-OPS = testing.all_ops()
+OPS = op_table.all_ops()
 _BYTE_CODES = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e8m0fnu))
 VARIANT_SHAPES = ((37, 999), (130, 257), (64, 7168), (3, 16400))
 
@@ -76,7 +76,7 @@ def test_matches_numpy(op, dtype, shape, variant, rng):
 # ---------------------------------------------------------------------------------------
 # The benchmark's large shapes
 
-LARGE_SHAPES = ((4096, 7168), testing.HEADLINE)
+LARGE_SHAPES = ((4096, 7168), op_table.HEADLINE)
 
 
 def _large_cases():
@@ -176,7 +176,7 @@ def test_every_row_geometry(name, rng, built_kernels):
     if name == "smooth_quant":  # rows of 8n - 1 elements take the general row kernel
         lengths += [k - 1 for k in lengths if k > 8 and k <= 4096]
     for k in lengths:
-        x = testing.float_input(np, rng, (5, k), "bfloat16")
+        x = op_table.float_input(np, rng, (5, k), "bfloat16")
         args = (x, rng.uniform(0.25, 4.0, k).astype(np.float32)) if name == "smooth_quant" else (x,)
         del built_kernels[:]
         host, dev = _run_both(SimpleNamespace(fn=fn), args, kwargs)

@@ -13,7 +13,7 @@ import pytest
 
 import cuquant as cq
 from _util import assert_same_bits
-from cuquant import testing
+import op_table
 from cuquant._core.dtypes import FLOATS
 from cuquant.zero_point import random_bits
 
@@ -43,7 +43,7 @@ def _same(dev, host, what):
 
 
 def _x(rng, shape, dtype, edges=True):
-    x = testing.float_input(np, rng, shape, dtype)
+    x = op_table.float_input(np, rng, shape, dtype)
     if edges and shape[0] >= 8:
         x[1] = 0
         x[2, 3] = np.nan
@@ -124,7 +124,7 @@ def test_nvfp4_tensor_amax_over_the_whole_grid(rng):
     several tiles), the largest element in the last tile, the first, and repeated calls
     (the workspace is left zeroed for the next)."""
     for shape in ((4096, 7168), (3000, 1040), (1, 16)):
-        x = testing.float_input(np, rng, shape, "bfloat16")
+        x = op_table.float_input(np, rng, shape, "bfloat16")
         for where in (0, x.size - 1, (x.size // 2 + 17) % x.size):
             y = x.copy()
             y.reshape(-1)[where] = 5000.0
@@ -138,7 +138,7 @@ def test_swizzled_padding_is_written(rng):
 
     junk = cp.full(1 << 20, 0xAB, dtype=cp.uint8)
     del junk   # the pool hands this memory out again
-    x = testing.float_input(np, rng, (130, 160), "bfloat16")
+    x = op_table.float_input(np, rng, (130, 160), "bfloat16")
     for fn in (cq.quantize_mxfp8, cq.quantize_mxfp4):
         _same(fn(_dev(x), scale_layout="swizzled"), fn(x, scale_layout="swizzled"), fn.__name__)
     _same(cq.quantize_nvfp4(_dev(x), scale_layout="swizzled"),
@@ -236,7 +236,7 @@ def test_quotients_at_every_e2m1_boundary(dtype, rng):
 
 
 def test_seed_is_the_words_of_random_bits(rng):
-    x = testing.float_input(np, rng, (37, 4096), "bfloat16")
+    x = op_table.float_input(np, rng, (37, 4096), "bfloat16")
     for fn in (cq.quantize_mxfp4, cq.quantize_nvfp4):
         _same(fn(_dev(x), rounding="stochastic", seed=99),
               fn(_dev(x), rounding="stochastic", rbits=_dev(random_bits(x.shape, 99))),
@@ -245,7 +245,7 @@ def test_seed_is_the_words_of_random_bits(rng):
 
 def test_torch_and_jax_on_the_gpu(rng):
     torch = pytest.importorskip("torch")
-    x = testing.float_input(np, rng, (64, 256), "bfloat16")
+    x = op_table.float_input(np, rng, (64, 256), "bfloat16")
     xt = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).cuda()
     q, s = cq.quantize_mxfp8(xt)
     assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float8_e8m0fnu and q.is_cuda

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cuquant import testing
+import op_table
 from cuquant._core.dtypes import FLOATS
 import cuquant as cq
 from test_gpu import _compare_edge_rows, built_kernels  # noqa: F401 - a fixture
@@ -37,7 +37,7 @@ def _fits(op, variant, dtype, config) -> bool:
 
 
 def _staged_cases():
-    for op in testing.all_ops():
+    for op in op_table.all_ops():
         if op.kind != "quantize" or op.family not in STAGED_FAMILIES:
             continue
         for variant in op.variants:

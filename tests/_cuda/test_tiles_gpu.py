@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import cuquant as cq
-from cuquant import testing
+import op_table
 from cuquant._core.dtypes import FLOATS
 from test_gpu import _compare_edge_rows, built_kernels  # noqa: F401 - a fixture
 
@@ -33,7 +33,7 @@ def _units(variant, dtype):
 
 
 def _cases():
-    for op in testing.all_ops():
+    for op in op_table.all_ops():
         if op.kind != "quantize" or op.family not in FAMILIES:
             continue
         for variant, dtype in itertools.product(op.variants, op.dtypes):

@@ -12,7 +12,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from cuquant import testing  # noqa: E402
+import op_table  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -20,7 +20,7 @@ jax = pytest.importorskip("jax")
 from _jit_args import flat, unflat  # noqa: E402
 jnp = jax.numpy
 
-OPS = list(testing.all_ops())
+OPS = list(op_table.all_ops())
 CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
          for i, op in enumerate(OPS) for j, variant in enumerate(op.variants)]
 SHAPES = ((16, 4096), (130, 7168))

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 import cuquant as cq
-from cuquant import testing
+import op_table
 
 jax = pytest.importorskip("jax")
 from _jit_args import flat, unflat  # noqa: E402 - needs jax
 jnp = jax.numpy
 
-OPS = list(testing.all_ops())
+OPS = list(op_table.all_ops())
 CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
          for i, op in enumerate(OPS) for j, variant in enumerate(op.variants)]
 SHAPE = (16, 512)
@@ -60,7 +60,7 @@ def test_jit_equals_eager(op, variant, rng):
 
 
 def test_jit_takes_a_policy_and_jax_dtypes(rng):
-    x = jnp.asarray(testing.float_input(np, rng, SHAPE, "float32"))
+    x = jnp.asarray(op_table.float_input(np, rng, SHAPE, "float32"))
     policy = cq.KernelPolicy(tiles=False)
 
     def fn(x):
@@ -71,12 +71,12 @@ def test_jit_takes_a_policy_and_jax_dtypes(rng):
 
 
 def test_jit_refuses_a_stream(rng):
-    x = jnp.asarray(testing.float_input(np, rng, SHAPE, "float32"))
+    x = jnp.asarray(op_table.float_input(np, rng, SHAPE, "float32"))
     with pytest.raises(TypeError, match="quantize_int8_per_channel: stream= is not taken"):
         jax.jit(lambda x: cq.quantize_int8_per_channel(x, stream=1))(x)
 
 
 def test_a_traced_array_after_a_host_one_is_refused(rng):
-    x = testing.float_input(np, rng, SHAPE, "float32")
+    x = op_table.float_input(np, rng, SHAPE, "float32")
     with pytest.raises(TypeError, match="scale is traced"):
         jax.jit(lambda s: cq.quantize_int8_per_tensor(x, scale=s))(jnp.float32(0.5))

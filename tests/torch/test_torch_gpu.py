@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cuquant import testing
+import op_table
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 cp = pytest.importorskip("cupy")
 
-OPS = list(testing.all_ops())
+OPS = list(op_table.all_ops())
 CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
          for i, op in enumerate(OPS) for j, variant in enumerate(op.variants)]
 SHAPES = ((16, 4096), (130, 7168))

@@ -13,12 +13,12 @@ import pytest
 
 import cuquant as cq
 from _util import assert_same_bits
-from cuquant import testing
+import op_table
 from cuquant._core import declare
 
 torch = pytest.importorskip("torch")
 
-OPS = list(testing.all_ops())
+OPS = list(op_table.all_ops())
 CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
          for i, op in enumerate(OPS) for j, variant in enumerate(op.variants)]
 SHAPE = (16, 512)
@@ -112,7 +112,7 @@ def test_compile_fullgraph_equals_eager(op, variant, rng):
 
 
 def test_compile_takes_a_policy_and_torch_dtypes(rng):
-    x = _as_torch(testing.float_input(np, rng, SHAPE, "float32"))
+    x = _as_torch(op_table.float_input(np, rng, SHAPE, "float32"))
     policy = cq.KernelPolicy(tiles=False)
 
     def fn(x):

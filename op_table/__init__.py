@@ -1,7 +1,8 @@
 """The op table that the GPU tests and the benchmark enumerate: one declaration per public op
 (its dtypes, the variants and shapes to test and to benchmark, how to make realistic inputs,
 the bytes it moves, and the baselines to compare against), so that a new op cannot skip
-either. `import cuquant` never imports this package; it needs the test and benchmark
+either. It lives beside the package, not in it: the repository's tests and benchmark import
+it from the checkout's root, and no wheel carries it. It needs the test and benchmark
 dependencies only for what it runs (torch for the baselines).
 
 Inputs are made with an array module `xp` (NumPy or CuPy) so that benchmarks generate

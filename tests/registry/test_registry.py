@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import cuquant
-from cuquant import testing
+import op_table
 
 from benchmarks import harness
 from benchmarks.__main__ import _bench_dtype
 
-OPS = testing.all_ops()
+OPS = op_table.all_ops()
 
 
 @pytest.mark.parametrize("op", OPS, ids=[o.name + (f"-{o.notes}" if o.notes else "") for o in OPS])
@@ -25,7 +25,7 @@ def test_every_public_op_is_declared():
     """The converse: an op left out of the table would be neither GPU-tested nor
     benchmarked."""
     ops = {name for name in cuquant.__all__ if inspect.isfunction(getattr(cuquant, name))}
-    assert ops == testing.declared_names()
+    assert ops == op_table.declared_names()
 
 
 @pytest.mark.parametrize("op", [o for o in OPS if o.torch_ref or o.cupy_ref],
@@ -45,7 +45,7 @@ def test_baselines_accept_the_benchmark_arguments(op):
 def test_torch_baselines_run_at_the_small_benchmark_shapes(op):
     torch = pytest.importorskip("torch")  # CPU tensors of the NumPy arguments
     rng = np.random.default_rng(0)
-    shapes = [s for s in op.bench_shapes if s in testing.SMALL_SHAPES] or list(op.bench_shapes[:1])
+    shapes = [s for s in op.bench_shapes if s in op_table.SMALL_SHAPES] or list(op.bench_shapes[:1])
     for variant in op.bench_variants:
         for shape in shapes:
             args, kwargs = op.make(np, rng, shape, _bench_dtype(op, ""), **variant)
