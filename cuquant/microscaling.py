@@ -24,7 +24,7 @@ import numpy as np
 from . import _numpy
 from ._core import replay as _fast
 from ._core.arrays import HOST
-from ._core.call import host_results, intake, out_dtype, same_place, stream_of, v
+from ._core.call import host_results, intake, one_float32, out_dtype, same_place, stream_of, v
 from ._core.declare import Out, declare, float_named
 from ._core.dtypes import E4M3, E8M0
 from ._cuda import microscaling as _gpu_mx
@@ -152,6 +152,34 @@ def _dequant_intake(op, q, scales, s, per_byte, block, scale_dtypes):
     return a, sc, _check_scales(op, sc, m, k // block, scale_dtypes)
 
 
+# What differs between the three dequantizers: codes a byte, block, scale dtypes, NumPy twin.
+_DEQUANT = {
+    _gpu_mx.MXFP8: (1, MX_BLOCK, _E8M0_IN),
+    _gpu_mx.MXFP4: (2, MX_BLOCK, _E8M0_IN),
+    _gpu_mx.NVFP4: (2, NV_BLOCK, _E4M3_IN),
+}
+
+
+def _dequantize(op, fmt, q, scales, global_amax, dtype, stream, policy):
+    """The dequantizers' one body; `global_amax` is NVFP4's (any float32 value, as the
+    quantizer returned it: 0, NaN and infinity included) and None for the others."""
+    policy = check_policy(policy, op)
+    s = stream_of(stream, op)
+    out = out_dtype(dtype, op)
+    per_byte, block, scale_dtypes = _DEQUANT[fmt]
+    a, sc, swz = _dequant_intake(op, q, scales, s, per_byte, block, scale_dtypes)
+    amax = None
+    if fmt == _gpu_mx.NVFP4:
+        amax = one_float32(global_amax, op, "global_amax", ("q", a), s, positive=False)
+    same_place(op, ("q", a), ("scales", sc))
+    if a.device == HOST:
+        if fmt == _gpu_mx.NVFP4:
+            return host_results(a, _numpy.dequantize_nvfp4(a.data, sc.data, amax[0], out))
+        twin = _numpy.dequantize_mxfp8 if fmt == _gpu_mx.MXFP8 else _numpy.dequantize_mxfp4
+        return host_results(a, twin(a.data, sc.data, out))
+    return run_gpu(a, s, _gpu_mx.dequantize, a.data, sc.data, amax, fmt, swz, out, policy)
+
+
 # ---------------------------------------------------------------------------------------
 # MXFP8
 
@@ -209,16 +237,8 @@ def dequantize_mxfp8(q, scales, dtype, *, stream=None, policy=DEFAULT_POLICY):
     -------
     x : array of `dtype`, [M, K]
     """
-    op = "dequantize_mxfp8"
-    policy = check_policy(policy, op)
-    s = stream_of(stream, op)
-    out = out_dtype(dtype, op)
-    a, sc, swz = _dequant_intake(op, q, scales, s, 1, MX_BLOCK, _E8M0_IN)
-    same_place(op, ("q", a), ("scales", sc))
-    if a.device == HOST:
-        return host_results(a, _numpy.dequantize_mxfp8(a.data, sc.data, out))
-    return run_gpu(a, s, _gpu_mx.dequantize, a.data, sc.data, None, _gpu_mx.MXFP8, swz, out,
-                   policy)
+    return _dequantize("dequantize_mxfp8", _gpu_mx.MXFP8, q, scales, None, dtype, stream,
+                       policy)
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,44 +309,12 @@ def dequantize_mxfp4(q, scales, dtype, *, stream=None, policy=DEFAULT_POLICY):
     -------
     x : array of `dtype`, [M, K]
     """
-    op = "dequantize_mxfp4"
-    policy = check_policy(policy, op)
-    s = stream_of(stream, op)
-    out = out_dtype(dtype, op)
-    a, sc, swz = _dequant_intake(op, q, scales, s, 2, MX_BLOCK, _E8M0_IN)
-    same_place(op, ("q", a), ("scales", sc))
-    if a.device == HOST:
-        return host_results(a, _numpy.dequantize_mxfp4(a.data, sc.data, out))
-    return run_gpu(a, s, _gpu_mx.dequantize, a.data, sc.data, None, _gpu_mx.MXFP4, swz, out,
-                   policy)
+    return _dequantize("dequantize_mxfp4", _gpu_mx.MXFP4, q, scales, None, dtype, stream,
+                       policy)
 
 
 # ---------------------------------------------------------------------------------------
 # NVFP4
-
-def _global_amax(value, op, x, s):
-    """The static global amax: (float32 value or None, device array or None). A number or a
-    host array must be a positive finite float32; a device array is taken as it is (reading
-    it would synchronize)."""
-    if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool):
-        return v.check_positive_finite(value, op, "global_amax"), None
-    if isinstance(value, bool):
-        raise TypeError(f"{op}: global_amax must be a number or a float32 array of one element; "
-                        f"got {value!r}")
-    a = intake(value, op, "global_amax", s)
-    if a.data.dtype != _F32:
-        raise TypeError(f"{op}: global_amax must be float32; got {v.dtype_name(a)}")
-    if a.data.size != 1:
-        raise ValueError(f"{op}: global_amax must hold one value (shape () or (1,)); got shape "
-                         f"{tuple(a.data.shape)}")
-    if a.device == HOST:
-        return v.check_positive_finite(a.data.reshape(()).item(), op, "global_amax"), None
-    if x.device == HOST:
-        raise ValueError(f"{op}: global_amax is on cuda:{a.device} but x is on the host; pass "
-                         "every array on one device")
-    same_place(op, ("x", x), ("global_amax", a))
-    return None, a.data
-
 
 @declare(_q_nvfp4)
 @_fast.replayable
@@ -366,8 +354,8 @@ def quantize_nvfp4(x, global_amax=None, scale_layout="row", rounding="nearest", 
     v.check_choice(scale_layout, op, "scale_layout", SCALE_LAYOUTS)
     a, t = _check_x(x, op, s, NV_BLOCK)
     value = device_amax = None
-    if global_amax is not None:
-        value, device_amax = _global_amax(global_amax, op, a, s)
+    if global_amax is not None:  # a device array is read by the kernel as it is
+        value, device_amax = one_float32(global_amax, op, "global_amax", ("x", a), s)
     mode, r, sd = _check_rounding(op, a, rounding, rbits, seed, s)
     if a.device == HOST:
         return host_results(a, _numpy.quantize_nvfp4(
@@ -398,29 +386,5 @@ def dequantize_nvfp4(q, scales, global_amax, dtype, *, stream=None, policy=DEFAU
     -------
     x : array of `dtype`, [M, K]
     """
-    op = "dequantize_nvfp4"
-    policy = check_policy(policy, op)
-    s = stream_of(stream, op)
-    out = out_dtype(dtype, op)
-    a, sc, swz = _dequant_intake(op, q, scales, s, 2, NV_BLOCK, _E4M3_IN)
-    if isinstance(global_amax, (int, float, np.floating, np.integer)) and \
-            not isinstance(global_amax, bool):
-        value, ga = np.float32(global_amax), None
-    else:
-        ga = intake(global_amax, op, "global_amax", s)
-        if ga.data.dtype != _F32:
-            raise TypeError(f"{op}: global_amax must be float32; got {v.dtype_name(ga)}")
-        if ga.data.size != 1:
-            raise ValueError(f"{op}: global_amax must hold one value (shape () or (1,)); got "
-                             f"shape {tuple(ga.data.shape)}")
-        value = None
-        if ga.device == HOST:
-            value, ga = np.float32(ga.data.reshape(()).item()), None
-        else:
-            same_place(op, ("q", a), ("global_amax", ga))
-    same_place(op, ("q", a), ("scales", sc))
-    if a.device == HOST:
-        return host_results(a, _numpy.dequantize_nvfp4(a.data, sc.data, value, out))
-    return run_gpu(a, s, _gpu_mx.dequantize, a.data, sc.data,
-                   (value, None if ga is None else ga.data), _gpu_mx.NVFP4, swz, out, policy)
-
+    return _dequantize("dequantize_nvfp4", _gpu_mx.NVFP4, q, scales, global_amax, dtype,
+                       stream, policy)

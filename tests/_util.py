@@ -53,3 +53,13 @@ def assert_refused(fn, args, kwargs, exc, words) -> None:
     assert msg.startswith(fn.__name__ + ":"), msg
     for w in words:
         assert w in msg, (w, msg)
+
+
+def op_variant_cases(ops, skip: tuple[str, ...] = ()) -> list:
+    """A pytest parameter (op, variant) for every variant of every declaration in `ops`
+    (those named in `skip` left out), identified as ``name-i-j`` by their places."""
+    import pytest
+
+    return [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
+            for i, op in enumerate(ops) if op.name not in skip
+            for j, variant in enumerate(op.variants)]

@@ -408,14 +408,4 @@ def _where(device: int) -> str:
     return "the host" if device == HOST else f"cuda:{device}"
 
 
-def as_host_scalar_or_array(value, op: str, arg: str, stream=None):
-    """A scale argument that may be a Python number, a 0-d or [1] array on host or device.
-    Returns (float or None, In or None)."""
-    if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool):
-        return float(value), None
-    a = intake(value, op, arg, stream)
-    return None, a
-
-
-__all__ = ["HOST", "In", "intake", "outcome", "same_place", "cupy_module", "require_cupy",
-           "as_host_scalar_or_array"]
+__all__ = ["HOST", "In", "intake", "outcome", "same_place", "cupy_module", "require_cupy"]

@@ -11,8 +11,8 @@ from .arrays import HOST, In, contiguous, intake, outcome, same_place, stream_ar
 from .dtypes import E4M3, FLOATS, INT8, float_type_named
 
 __all__ = ["HOST", "In", "intake", "same_place", "host_results", "stream_of",
-           "contiguous", "scale_argument", "code_input", "out_dtype", "dequant_args",
-           "check_one_value", "scale_type_of", "v", "FLOATS"]
+           "contiguous", "scale_argument", "one_float32", "code_input", "out_dtype",
+           "dequant_args", "check_one_value", "scale_type_of", "v", "FLOATS"]
 
 _CODE_DTYPES = {
     INT8.name: {np.dtype(np.int8): INT8.name},
@@ -73,22 +73,32 @@ def check_one_value(b: In, op: str, arg: str = "scale") -> None:
                          f"{tuple(b.data.shape)}")
 
 
-def scale_argument(scale, op: str, x: In, stream):
-    """A per-tensor scale: a number, or a float32 array of one element on x's device (or
-    on the host). Returns (value or None, device array or None). Host values are checked
-    to be finite and > 0; a device array is taken as it is (reading it would sync)."""
-    if isinstance(scale, (int, float, np.floating, np.integer)) and not isinstance(scale, bool):
-        return float(v.check_positive_finite(scale, op, "scale")), None
-    a = intake(scale, op, "scale", stream)
+def one_float32(value, op: str, arg: str, first: tuple[str, In], stream,
+                positive: bool = True):
+    """A float32 argument of one value: a number, or a float32 array of one element on the
+    device of `first` (its name and array) or on the host. Returns (np.float32 or None,
+    device array or None). A value on the host is checked to round to a finite float32
+    above 0 when `positive`; a device array is taken as it is (reading it would sync)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{op}: {arg} must be a number or a float32 array of one element; got "
+                        f"{value!r}")
+    if isinstance(value, (int, float, np.floating, np.integer)):
+        return _host_float32(value, op, arg, positive), None
+    a = intake(value, op, arg, stream)
     if a.data.dtype != np.float32:
-        raise TypeError(f"{op}: scale must be float32; got {v.dtype_name(a)}")
-    if a.data.size != 1:
-        raise ValueError(f"{op}: scale must hold one value (shape () or (1,)); got shape "
-                         f"{tuple(a.data.shape)}")
+        raise TypeError(f"{op}: {arg} must be float32; got {v.dtype_name(a)}")
+    check_one_value(a, op, arg)
     if a.device == HOST:
-        return float(v.check_positive_finite(a.data.reshape(()).item(), op, "scale")), None
-    if x.device == HOST:
-        raise ValueError(f"{op}: scale is on cuda:{a.device} but x is on the host; pass "
-                         "every array on one device")
-    same_place(op, ("x", x), ("scale", a))
+        return _host_float32(a.data.reshape(()).item(), op, arg, positive), None
+    same_place(op, first, (arg, a))
     return None, a.data
+
+
+def _host_float32(value, op: str, arg: str, positive: bool) -> np.float32:
+    return v.check_positive_finite(value, op, arg) if positive else np.float32(value)
+
+
+def scale_argument(scale, op: str, x: In, stream):
+    """A per-tensor scale (`one_float32`, positive): (float or None, device array or None)."""
+    value, device_scale = one_float32(scale, op, "scale", ("x", x), stream)
+    return (None if value is None else float(value)), device_scale

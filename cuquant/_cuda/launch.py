@@ -255,25 +255,29 @@ class Launch:
         except AttributeError:
             vals, _, addr = self._block()
         self._pack(vals, 0, *args)
-        try:
+        try:  # inline: this is every call's launch
             _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
                                  addr, 0)
         except _driver.CUDADriverError as e:
-            _make_context_current(e)
-            _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
-                                 addr, 0)
+            self._launch_in_context(e, grid, threads, stream, addr)
 
     def with_struct(self, grid: int, threads: int, stream, data) -> None:
         """Launch a kernel whose one argument is a struct passed by value, `data` its bytes
         (a ctypes buffer): the driver copies it at the launch."""
-        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(data))
+        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(data))  # kept alive past the launch
+        params = ctypes.addressof(ptrs)
         try:
             _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
-                                 ctypes.addressof(ptrs), 0)
+                                 params, 0)
         except _driver.CUDADriverError as e:
-            _make_context_current(e)
-            _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
-                                 ctypes.addressof(ptrs), 0)
+            self._launch_in_context(e, grid, threads, stream, params)
+
+    def _launch_in_context(self, error, grid: int, threads: int, stream, params: int) -> None:
+        """The launch again, after one refused for want of a current context (any other
+        error is raised); `params` is the address of the argument pointers."""
+        _make_context_current(error)
+        _driver.launchKernel(self.ptr, grid, 1, 1, threads, 1, 1, self.smem, stream.ptr,
+                             params, 0)
 
 
 class Outputs:

@@ -157,6 +157,7 @@ def test_the_table_stays_bounded(fake, monkeypatch):
 cp = pytest.importorskip("cupy")
 
 import op_table  # noqa: E402
+from _util import op_variant_cases  # noqa: E402
 from cuquant import groupwise  # noqa: E402
 from cuquant._core import arrays as _arrays  # noqa: E402
 from cuquant._cuda import kernels as _kernels  # noqa: E402
@@ -228,9 +229,7 @@ def _on_device(mem, args, kwargs, offset):
     return [move(a) for a in args], {k: move(v) for k, v in kwargs.items()}
 
 
-CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
-         for i, op in enumerate(op_table.all_ops()) if op.name != "dequantize_groupwise_batched"
-         for j, variant in enumerate(op.variants)]
+CASES = op_variant_cases(op_table.all_ops(), skip=("dequantize_groupwise_batched",))
 
 
 @pytest.mark.parametrize("op, variant", CASES)

@@ -54,23 +54,31 @@ COMPRESSED_ROUTE = ("W8A8", "FP8_DYNAMIC", "W4A16", "W8A16")
 WEIGHT_ONLY = ("W4A16", "W8A16")
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    """A two-layer Llama in bfloat16, saved by transformers, and a batch of tokens."""
+def tiny_llama(tmp_path_factory, intermediate: int, zero_block: bool = False):
+    """A two-layer Llama in bfloat16 of MLP width `intermediate`, saved by transformers, and
+    a batch of tokens: (path, ids). Its projections have rows of uneven magnitudes; with
+    `zero_block`, layer 0's q_proj has an all-zero block (row 3, columns 0-31)."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        hidden_size=128, intermediate_size=INTERMEDIATE, num_hidden_layers=2,
+        hidden_size=128, intermediate_size=intermediate, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, vocab_size=320,
         max_position_embeddings=64, tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-    with torch.no_grad():  # weights of realistic, uneven magnitudes
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("proj.weight"):
                 p.mul_(torch.exp(torch.randn(p.shape[0], 1)).to(p.dtype))
+        if zero_block:
+            model.model.layers[0].self_attn.q_proj.weight[3, :32] = 0
     path = tmp_path_factory.mktemp("llama") / "bf16"
     model.save_pretrained(path)
     ids = torch.randint(0, cfg.vocab_size, (2, 12))
     return path, ids
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return tiny_llama(tmp_path_factory, INTERMEDIATE)
 
 
 def dequantizing():

@@ -33,6 +33,7 @@ from test_checkpoint_engines import (
     logits,
     model_with,
     read_all,
+    tiny_llama,
 )
 
 import cuquant
@@ -62,22 +63,7 @@ WEIGHTS = {
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    """A two-layer Llama in bfloat16, saved by transformers, and a batch of tokens."""
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        hidden_size=128, intermediate_size=INTERMEDIATE, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=320,
-        max_position_embeddings=64, tie_word_embeddings=False)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-    with torch.no_grad():  # weights of realistic, uneven magnitudes, and a zero block
-        for name, p in model.named_parameters():
-            if name.endswith("proj.weight"):
-                p.mul_(torch.exp(torch.randn(p.shape[0], 1)).to(p.dtype))
-        model.model.layers[0].self_attn.q_proj.weight[3, :32] = 0
-    path = tmp_path_factory.mktemp("llama") / "bf16"
-    model.save_pretrained(path)
-    ids = torch.randint(0, cfg.vocab_size, (2, 12))
-    return path, ids
+    return tiny_llama(tmp_path_factory, INTERMEDIATE, zero_block=True)
 
 
 # ---------------------------------------------------------------------------------------

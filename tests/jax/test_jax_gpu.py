@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import op_table  # noqa: E402
+from _util import assert_same_bits, op_variant_cases  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -21,8 +22,7 @@ from _jit_args import flat, unflat  # noqa: E402
 jnp = jax.numpy
 
 OPS = list(op_table.all_ops())
-CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
-         for i, op in enumerate(OPS) for j, variant in enumerate(op.variants)]
+CASES = op_variant_cases(OPS)
 SHAPES = ((16, 4096), (130, 7168))
 
 
@@ -46,18 +46,13 @@ def _to_jax(v, fp8=False):
     return v
 
 
-def _bits(a):
-    a = np.asarray(a) if isinstance(a, jax.Array) else a.get()
-    return a.view({1: np.uint8, 2: np.int16, 4: np.int32}[a.dtype.itemsize])
-
-
 def _same(j, c):
     j = tuple(j) if isinstance(j, (tuple, list)) else (j,)
     c = tuple(c) if isinstance(c, (tuple, list)) else (c,)
     assert len(j) == len(c)
     for a, b in zip(j, c):
-        assert isinstance(a, jax.Array) and tuple(a.shape) == b.shape
-        np.testing.assert_array_equal(_bits(a), _bits(b))
+        assert isinstance(a, jax.Array)
+        assert_same_bits(a, b)
 
 
 def _inputs(op, variant, rng, shape):

@@ -8,14 +8,14 @@ import pytest
 
 import cuquant as cq
 import op_table
+from _util import assert_same_bits, op_variant_cases
 
 jax = pytest.importorskip("jax")
 from _jit_args import flat, unflat  # noqa: E402 - needs jax
 jnp = jax.numpy
 
 OPS = list(op_table.all_ops())
-CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
-         for i, op in enumerate(OPS) for j, variant in enumerate(op.variants)]
+CASES = op_variant_cases(OPS)
 SHAPE = (16, 512)
 
 
@@ -33,14 +33,8 @@ def _same(a, b):
     assert len(a) == len(b) and len(a) > 0
     for x, y in zip(a, b):
         assert isinstance(x, jax.Array) and isinstance(y, jax.Array)
-        assert x.dtype == y.dtype and x.shape == y.shape
-        x, y = np.asarray(x), np.asarray(y)
-        if x.dtype.itemsize > 1:
-            x, y = (x.view({2: np.int16, 4: np.int32, 8: np.int64}[x.dtype.itemsize]),
-                    y.view({2: np.int16, 4: np.int32, 8: np.int64}[y.dtype.itemsize]))
-        else:
-            x, y = x.view(np.uint8), y.view(np.uint8)
-        np.testing.assert_array_equal(x, y)
+        assert x.dtype == y.dtype
+        assert_same_bits(x, y)
 
 
 @pytest.mark.parametrize("op, variant", CASES)

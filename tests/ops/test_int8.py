@@ -211,6 +211,8 @@ REFUSALS = [
     (cq.quantize_int8_per_tensor, (X,), {"scale": np.ones(1, np.float16)}, TypeError,
      ["scale", "float16"]),
     (cq.quantize_int8_per_tensor, (X,), {"scale": "1"}, TypeError, ["scale", "str"]),
+    (cq.quantize_int8_per_tensor, (X,), {"scale": True}, TypeError,
+     ["scale", "number or a float32 array", "True"]),
     (cq.smooth_quant, (X, np.ones(255, np.float32)), {}, ValueError, ["smooth", "(255,)"]),
     (cq.smooth_quant, (X, np.ones(256, np.float16)), {}, TypeError, ["smooth", "float16"]),
     (cq.dequantize_int8_per_channel, (Q.astype(np.uint8), np.ones(4, np.float32), np.float16),

@@ -436,6 +436,8 @@ REFUSALS = [
      ["global_amax", "float32", "float64"]),
     (cq.quantize_nvfp4, (_X,), {"global_amax": np.array([-1.0], F32)}, ValueError,
      ["global_amax", "> 0", "-1.0"]),
+    (cq.quantize_nvfp4, (_X,), {"global_amax": True}, TypeError,
+     ["global_amax", "number or a float32 array", "True"]),
     (cq.dequantize_mxfp8, (_Q8, _S8[:, :1], "float32"), {}, ValueError,
      ["scales", "(4, 2)", "(512,)", "(4, 1)"]),
     (cq.dequantize_mxfp8, (_Q8, np.zeros(100, np.uint8), "float32"), {}, ValueError,
@@ -457,6 +459,8 @@ REFUSALS = [
      ["global_amax", "one value", "(2,)"]),
     (cq.dequantize_nvfp4, (_QN, _SN, np.zeros(1, np.float64), "float32"), {}, TypeError,
      ["global_amax", "float32", "float64"]),
+    (cq.dequantize_nvfp4, (_QN, _SN, False, "float32"), {}, TypeError,
+     ["global_amax", "number or a float32 array", "False"]),
 ]
 
 

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 import op_table
+from _util import assert_same_bits, op_variant_cases
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 cp = pytest.importorskip("cupy")
 
 OPS = list(op_table.all_ops())
-CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
-         for i, op in enumerate(OPS) for j, variant in enumerate(op.variants)]
+CASES = op_variant_cases(OPS)
 SHAPES = ((16, 4096), (130, 7168))
 
 
@@ -30,21 +30,12 @@ def _to_torch(v):
     return v
 
 
-def _bits(a):
-    if isinstance(a, torch.Tensor):
-        a = a.contiguous()
-        return cp.asarray(a.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[
-            a.element_size()])).get()
-    return a.view({1: np.uint8, 2: np.int16, 4: np.int32}[a.dtype.itemsize]).get()
-
-
 def _same(t, c):
     t = tuple(t) if isinstance(t, (tuple, list)) else (t,)
     c = tuple(c) if isinstance(c, (tuple, list)) else (c,)
     assert len(t) == len(c)
     for a, b in zip(t, c):
-        assert tuple(a.shape) == b.shape
-        np.testing.assert_array_equal(_bits(a), _bits(b))
+        assert_same_bits(a, b)
 
 
 def _inputs(op, variant, rng, shape):

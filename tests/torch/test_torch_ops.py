@@ -12,15 +12,14 @@ import numpy as np
 import pytest
 
 import cuquant as cq
-from _util import assert_same_bits
+from _util import assert_same_bits, op_variant_cases
 import op_table
 from cuquant._core import declare
 
 torch = pytest.importorskip("torch")
 
 OPS = list(op_table.all_ops())
-CASES = [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
-         for i, op in enumerate(OPS) for j, variant in enumerate(op.variants)]
+CASES = op_variant_cases(OPS)
 SHAPE = (16, 512)
 
 
@@ -41,11 +40,6 @@ def _inputs(op, variant, rng, dtype=None):
     return [_as_torch(a) for a in args], {k: _as_torch(v) for k, v in kwargs.items()}
 
 
-def _bits(t):
-    t = t.contiguous()
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()]).numpy()
-
-
 def _strides(t):
     """Strides of the axes longer than one (the others' do not address anything)."""
     return tuple(s for s, n in zip(t.stride(), t.shape) if n > 1)
@@ -57,7 +51,7 @@ def _same(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b):
         assert x.dtype == y.dtype and x.shape == y.shape and _strides(x) == _strides(y)
-        np.testing.assert_array_equal(_bits(x), _bits(y))
+        assert_same_bits(x, y)
 
 
 def test_every_public_op_is_declared():
