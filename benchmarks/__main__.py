@@ -195,7 +195,7 @@ def run(opts, checkpoint=None) -> list[dict]:
         host.passes(opts.host_passes - 1)
         for i in host.calls:
             if isinstance(i, tuple):  # another family's call of row i[0]
-                rows[i[0]][f"host_{i[1]}_us"] = host.result(i)["host_us"]
+                _family_result(rows[i[0]], i[1], host.result(i))
             else:
                 rows[i].update(host.result(i))
     return env, copy_bw, rows
@@ -232,14 +232,23 @@ def _families(op, args, kwargs, shape, host, rows, row, env):
             fn()
             if headline:
                 if name == "torch":
-                    row["b2b_us"] = harness.back_to_back_us(lambda: op.fn(*args, **kwargs))
-                    row["b2b_torch_us"] = harness.back_to_back_us(fn)
+                    row["b2b_us"], row["b2b_torch_us"] = harness.back_to_back_us(
+                        lambda: op.fn(*args, **kwargs), fn)
             else:
                 key = (len(rows), name)
-                host.add(key, fn)
-                row[f"host_{name}_us"] = host.result(key)["host_us"]
+                if name == "customop":
+                    host.add(key, fn)
+                else:  # beside the call on CuPy arrays, on one CPU
+                    host.add_beside(key, fn, lambda: op.fn(*args, **kwargs))
+                _family_result(row, name, host.result(key))
         except Exception as e:  # noqa: BLE001 - a family may not take the op
             print(f"  {name} call: {type(e).__name__}: {e}"[:200])
+
+
+def _family_result(row, name, result) -> None:
+    row[f"host_{name}_us"] = result["host_us"]
+    if "over_us" in result:
+        row[f"host_{name}_over_us"] = result["over_us"]
 
 
 COLUMNS = [("op", "op"), ("variant", "variant"), ("dtype", "dtype"), ("shape", "shape"),
@@ -247,8 +256,10 @@ COLUMNS = [("op", "op"), ("variant", "variant"), ("dtype", "dtype"), ("shape", "
            ("host_us", "host us"), ("launch_us", "empty launch us"), ("host_cpu", "CPU"),
            ("host_median_us", "host us, median pass"),
            ("launch_median_us", "empty launch us, median"),
-           ("host_torch_us", "host us, torch in"), ("host_customop_us", "host us, torch custom op"),
-           ("host_jax_us", "host us, JAX in"),
+           ("host_torch_us", "host us, torch in"),
+           ("host_torch_over_us", "torch in over CuPy, us"),
+           ("host_customop_us", "host us, torch custom op"),
+           ("host_jax_us", "host us, JAX in"), ("host_jax_over_us", "JAX in over CuPy, us"),
            ("b2b_us", "100 back to back, us a call"), ("b2b_torch_us", "the same, torch in"),
            ("eager_frac", "torch eager"),
            ("compile_frac", "torch.compile"), ("cupy_frac", "naive CuPy"),
@@ -263,7 +274,8 @@ def _fmt(key, v):
         return f"{v:.3f}"
     if key in ("us", "host_us", "launch_us", "host_median_us", "launch_median_us",
                "alternative_us", "wall_us", "alternative_wall_us", "host_torch_us",
-               "host_customop_us", "host_jax_us", "b2b_us", "b2b_torch_us"):
+               "host_customop_us", "host_jax_us", "b2b_us", "b2b_torch_us",
+               "host_torch_over_us", "host_jax_over_us"):
         return f"{v:.1f}"
     if key == "tbps":
         return f"{v:.3f}"
@@ -290,10 +302,13 @@ def markdown(env, copy_bw, rows) -> str:
             "`host us, median pass` and `empty launch us, median` are the medians over the passes, which other processes' load on the machine "
             "can slow. `host us, torch in`, `host us, torch custom op` and `host us, JAX in` "
             "are the same call's host time (lowest pass) with torch tensors, through "
-            "`torch.ops.cuquant.<op>` and with JAX arrays. At the headline shape, "
+            "`torch.ops.cuquant.<op>` and with JAX arrays; `torch in over CuPy` and `JAX in "
+            "over CuPy` are the difference from the call on CuPy arrays measured beside it "
+            "(alternating on one CPU in each pass, the lowest of three rounds each), the "
+            "median over the passes. At the headline shape, "
             "`100 back to back` is a call's share of 100 calls made back to back without an "
             "L2 flush and with one synchronization at the end, with CuPy arrays and with "
-            "torch tensors.", "",
+            "torch tensors (the median of 7 rounds, the two taking turns).", "",
             "| " + " | ".join(name for _, name in COLUMNS) + " |",
             "|" + "---|" * len(COLUMNS)]
     return "\n".join(head + [_line(r) for r in rows]) + "\n"

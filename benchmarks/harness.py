@@ -134,37 +134,56 @@ class HostTimes:
         self.probe = probe
         self.calls: dict = {}
         self.samples: dict = {}
+        self.bases: dict = {}  # key -> the call it is measured beside (`add_beside`)
 
     def add(self, key, call) -> None:
         """Measure `call` once (the first pass) and keep it under `key`; a call that raises
         is not kept."""
-        self.samples[key] = [self._sample(call)]
+        self.samples[key] = [self._sample(call, self.bases.get(key))]
         self.calls[key] = call
+
+    def add_beside(self, key, call, base) -> None:
+        """As `add`, with `base` (the same call on CuPy arrays) measured in each pass on
+        the same CPU, the two alternating: their difference (`result`'s over_us) is free of
+        the load of the moment, which a difference of two passes is not."""
+        self.bases[key] = base
+        self.add(key, call)
 
     def passes(self, n: int, gap_s: float = 5.0) -> None:
         """`n` more passes over every call kept, `gap_s` seconds apart."""
         for _ in range(n):
             time.sleep(gap_s)
             for key, call in self.calls.items():
-                self.samples[key].append(self._sample(call))
+                self.samples[key].append(self._sample(call, self.bases.get(key)))
 
-    def _sample(self, call) -> tuple:
+    def _sample(self, call, base=None, rounds: int = 3) -> tuple:
         probe = self.probe or empty_launch()
         cpu, _ = quietest_cpu(probe)
         with pinned(cpu):
-            t = host_us_per_call(call, rounds=1)
+            if base is None:
+                t, b = host_us_per_call(call, rounds=1), None
+            else:  # alternating, each the lowest of its rounds
+                ts, bs = [], []
+                for _ in range(rounds):
+                    bs.append(host_us_per_call(base, rounds=1))
+                    ts.append(host_us_per_call(call, rounds=1))
+                t, b = min(ts), min(bs)
             empty = host_us_per_call(probe, rounds=1)
-        return t, empty, cpu
+        return t, empty, cpu, b
 
     def result(self, key) -> dict:
         """host_us (the lowest pass), launch_us and host_cpu of that pass, host_median_us
-        and launch_median_us (over the passes) and host_passes."""
+        and launch_median_us (over the passes) and host_passes; for a call measured beside
+        a base, over_us: the median over the passes of its host time less the base's."""
         samples = self.samples[key]
-        t, empty, cpu = min(samples, key=lambda s: s[0])
-        return {"host_us": t, "launch_us": empty, "host_cpu": cpu,
-                "host_median_us": statistics.median(s[0] for s in samples),
-                "launch_median_us": statistics.median(s[1] for s in samples),
-                "host_passes": len(samples)}
+        t, empty, cpu, _ = min(samples, key=lambda s: s[0])
+        res = {"host_us": t, "launch_us": empty, "host_cpu": cpu,
+               "host_median_us": statistics.median(s[0] for s in samples),
+               "launch_median_us": statistics.median(s[1] for s in samples),
+               "host_passes": len(samples)}
+        if key in self.bases:
+            res["over_us"] = statistics.median(s[0] - s[3] for s in samples)
+        return res
 
 
 _EMPTY = None
@@ -231,22 +250,26 @@ def to_torch(obj):
 
 
 
-def back_to_back_us(fn, calls: int = 100, reps: int = 5) -> float:
+def back_to_back_us(*fns, calls: int = 100, reps: int = 7) -> list[float]:
     """Microseconds a call of `calls` calls made back to back (no L2 flush between them)
     with one device synchronization at the end: the longer of the host's and the GPU's
-    time, whichever bounds a stream of calls. The median over `reps`."""
+    time, whichever bounds a stream of calls. The median over `reps`, for each of `fns`,
+    their repetitions taken in turn so that the GPU's drift over the measurement (its clocks
+    under a long load) falls on each alike."""
     cp = _cp()
     dev = cp.cuda.Device()
-    fn()
+    for fn in fns:
+        fn()
     dev.synchronize()
-    times = []
+    times: list = [[] for _ in fns]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        dev.synchronize()
-        times.append((time.perf_counter() - t0) / calls)
-    return statistics.median(times) * 1e6
+        for fn, t in zip(fns, times):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            dev.synchronize()
+            t.append((time.perf_counter() - t0) / calls)
+    return [statistics.median(t) * 1e6 for t in times]
 
 
 def arrays_as(obj, convert):

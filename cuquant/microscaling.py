@@ -62,13 +62,58 @@ def _q_mxfp8(a):
 
 def _q_mxfp4(a):
     m, k = a["x"].shape
-    return [Out((m, k // 2), "uint8"), _scales_out(a, m, k, MX_BLOCK, "float8_e8m0fnu")]
+    return [_codes_out(a, "quantize_mxfp4", m, k),
+            _scales_out(a, m, k, MX_BLOCK, "float8_e8m0fnu")]
 
 
 def _q_nvfp4(a):
     m, k = a["x"].shape
-    return [Out((m, k // 2), "uint8"), _scales_out(a, m, k, NV_BLOCK, "float8_e4m3fn"),
-            Out((1,), "float32")]
+    return [_codes_out(a, "quantize_nvfp4", m, k),
+            _scales_out(a, m, k, NV_BLOCK, "float8_e4m3fn"), Out((1,), "float32")]
+
+
+def _codes_out(a, op, m, k):
+    """Packed e2m1 codes: uint8, or torch's float4_e2m1fn_x2 (torch tensors only)."""
+    if _fp4x2_named(a["codes_dtype"]):
+        if not type(a["x"]).__module__.startswith("torch"):
+            raise ValueError(_FP4X2_TORCH_ONLY.format(op=op))
+        return Out((m, k // 2), "float4_e2m1fn_x2")
+    return Out((m, k // 2), "uint8")
+
+
+_FP4X2_TORCH_ONLY = ("{op}: codes_dtype='float4_e2m1fn_x2' is torch's packed float4 dtype, for "
+                     "torch tensors; NumPy, CuPy and JAX hold packed e2m1 codes as uint8")
+
+
+def _fp4x2_named(codes_dtype) -> bool:
+    return str(codes_dtype).removeprefix("torch.") == "float4_e2m1fn_x2"
+
+
+def _check_codes_dtype(codes_dtype, a, op) -> bool:
+    """Whether the packed codes come back as torch.float4_e2m1fn_x2 (`codes_dtype`), else
+    uint8; refused for other families and for a torch without that dtype."""
+    if _fp4x2_named(codes_dtype):
+        if a.family != "torch":
+            raise ValueError(_FP4X2_TORCH_ONLY.format(op=op))
+        import torch
+
+        if not hasattr(torch, "float4_e2m1fn_x2"):
+            raise ValueError(f"{op}: codes_dtype='float4_e2m1fn_x2' needs torch 2.8 or later; "
+                             f"this is torch {torch.__version__}")
+        return True
+    if str(codes_dtype).removeprefix("torch.") != "uint8":
+        raise ValueError(f"{op}: codes_dtype must be 'uint8' or 'float4_e2m1fn_x2'; got "
+                         f"{codes_dtype!r}")
+    return False
+
+
+def _host_codes(res, fp4x2: bool):
+    """Host results with the codes (first) as torch.float4_e2m1fn_x2 when asked."""
+    if not fp4x2:
+        return res
+    import torch
+
+    return (res[0].view(torch.float4_e2m1fn_x2),) + tuple(res[1:])
 
 
 def _dq_mx8(a):
@@ -107,10 +152,7 @@ def _check_rounding(op, a, rounding, rbits, seed, s):
                          f"[M, K]) or seed (int); got "
                          f"{'both' if rbits is not None else 'neither'}")
     if seed is not None:
-        sd = v.check_int(seed, op, "seed")
-        if not 0 <= sd < 1 << 64:
-            raise ValueError(f"{op}: seed must be in [0, 2**64); got {sd}")
-        return _gpu_mx.PHILOX, None, sd
+        return _gpu_mx.PHILOX, None, v.check_seed(seed, op)
     r = intake(rbits, op, "rbits", s)
     if r.data.dtype != np.uint32:
         raise TypeError(f"{op}: rbits must be uint32; got {v.dtype_name(r)}")
@@ -245,9 +287,9 @@ def dequantize_mxfp8(q, scales, dtype, *, stream=None, policy=DEFAULT_POLICY):
 # MXFP4
 
 @declare(_q_mxfp4)
-@_fast.replayable
+@_fast.replayable(values=v.SEED_VALUE)
 def quantize_mxfp4(x, scale_mode="rceil", scale_layout="row", rounding="nearest", rbits=None,
-                   seed=None, *, stream=None, policy=DEFAULT_POLICY):
+                   seed=None, *, codes_dtype="uint8", stream=None, policy=DEFAULT_POLICY):
     """Quantize blocks of 32 elements along K to e2m1 codes with one E8M0 scale a block.
 
     Parameters
@@ -267,12 +309,15 @@ def quantize_mxfp4(x, scale_mode="rceil", scale_layout="row", rounding="nearest"
     seed : int in [0, 2**64), optional
         For ``rounding="stochastic"`` instead of rbits: the Philox4x32-10 words of
         `cuquant.zero_point.random_bits(x.shape, seed)`, the same on CPU and GPU.
+    codes_dtype : {"uint8", "float4_e2m1fn_x2"}
+        "float4_e2m1fn_x2" (or torch.float4_e2m1fn_x2), for torch tensors: the packed codes
+        as torch's float4 pair dtype (the same bytes).
     stream : optional
     policy : KernelPolicy, optional
 
     Returns
     -------
-    q : uint8 array [M, K/2], element 2i in the low nibble
+    q : uint8 array [M, K/2] (or torch.float4_e2m1fn_x2), element 2i in the low nibble
     scales : float8_e8m0fnu array [M, K/32] (uint8 on CuPy) for "row"; uint8 [R' * C'] for
         "swizzled"
     """
@@ -283,12 +328,13 @@ def quantize_mxfp4(x, scale_mode="rceil", scale_layout="row", rounding="nearest"
     v.check_choice(scale_layout, op, "scale_layout", SCALE_LAYOUTS)
     a, t = _check_x(x, op, s, MX_BLOCK)
     mode, r, sd = _check_rounding(op, a, rounding, rbits, seed, s)
+    fp4x2 = _check_codes_dtype(codes_dtype, a, op)
     if a.device == HOST:
-        return host_results(a, _numpy.quantize_mxfp4(
+        return _host_codes(host_results(a, _numpy.quantize_mxfp4(
             a.data, scale_mode, scale_layout, rounding, None if r is None else r.data,
-            sd if mode == _gpu_mx.PHILOX else None))
+            sd if mode == _gpu_mx.PHILOX else None)), fp4x2)
     return run_gpu(a, s, _gpu_mx.quantize_mx, a.data, t, _gpu_mx.MXFP4, scale_mode,
-                   scale_layout, mode, None if r is None else r.data, sd, policy)
+                   scale_layout, mode, None if r is None else r.data, sd, policy, fp4x2)
 
 
 @declare(_dq_fp4)
@@ -317,9 +363,9 @@ def dequantize_mxfp4(q, scales, dtype, *, stream=None, policy=DEFAULT_POLICY):
 # NVFP4
 
 @declare(_q_nvfp4)
-@_fast.replayable
+@_fast.replayable(values=v.SEED_VALUE)
 def quantize_nvfp4(x, global_amax=None, scale_layout="row", rounding="nearest", rbits=None,
-                   seed=None, *, stream=None, policy=DEFAULT_POLICY):
+                   seed=None, *, codes_dtype="uint8", stream=None, policy=DEFAULT_POLICY):
     """Quantize blocks of 16 elements along K to e2m1 codes with an e4m3 scale a block and
     one float32 global amax (NVFP4, TransformerEngine's recipe).
 
@@ -335,14 +381,14 @@ def quantize_nvfp4(x, global_amax=None, scale_layout="row", rounding="nearest", 
         A calibrated A (no pass over the tensor for it). A device array is read by the
         kernel as it is.
     scale_layout : {"row", "swizzled"}
-    rounding : {"nearest", "stochastic"}, rbits, seed
+    rounding : {"nearest", "stochastic"}, rbits, seed, codes_dtype
         As `quantize_mxfp4`.
     stream : optional
     policy : KernelPolicy, optional
 
     Returns
     -------
-    q : uint8 array [M, K/2], element 2i in the low nibble
+    q : uint8 array [M, K/2] (or torch.float4_e2m1fn_x2), element 2i in the low nibble
     scales : float8_e4m3fn array [M, K/16] (uint8 on CuPy) for "row"; uint8 [R' * C'] for
         "swizzled"
     global_amax : float32 array [1]
@@ -357,12 +403,13 @@ def quantize_nvfp4(x, global_amax=None, scale_layout="row", rounding="nearest", 
     if global_amax is not None:  # a device array is read by the kernel as it is
         value, device_amax = one_float32(global_amax, op, "global_amax", ("x", a), s)
     mode, r, sd = _check_rounding(op, a, rounding, rbits, seed, s)
+    fp4x2 = _check_codes_dtype(codes_dtype, a, op)
     if a.device == HOST:
-        return host_results(a, _numpy.quantize_nvfp4(
+        return _host_codes(host_results(a, _numpy.quantize_nvfp4(
             a.data, value, scale_layout, rounding, None if r is None else r.data,
-            sd if mode == _gpu_mx.PHILOX else None))
+            sd if mode == _gpu_mx.PHILOX else None)), fp4x2)
     return run_gpu(a, s, _gpu_mx.quantize_nv, a.data, t, scale_layout, mode,
-                   None if r is None else r.data, sd, value, device_amax, policy)
+                   None if r is None else r.data, sd, value, device_amax, policy, fp4x2)
 
 
 @declare(_dq_fp4)

@@ -49,11 +49,6 @@ __all__ = ["quantize_groupwise_zero_point", "dequantize_groupwise_zero_point", "
 # ---------------------------------------------------------------------------------------
 # Public ops
 
-def _seed(seed, op: str) -> int:
-    s = v.check_int(seed, op, "seed")
-    if not 0 <= s < 1 << 64:
-        raise ValueError(f"{op}: seed must be in [0, 2**64); got {s}")
-    return s
 
 
 def _q_zp(a):
@@ -64,7 +59,7 @@ def _q_zp(a):
             Out((m, k), t)]
 
 @declare(_q_zp)
-@_fast.replayable
+@_fast.replayable(values=v.SEED_VALUE)
 def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest", rbits=None,
                                   seed=None, *, symmetric=False, stream=None,
                                   policy=DEFAULT_POLICY):
@@ -131,7 +126,7 @@ def quantize_groupwise_zero_point(x, bits=4, group_size=128, rounding="nearest",
                              f"[M, K]) or seed (int); got "
                              f"{'both' if rbits is not None else 'neither'}")
         if seed is not None:
-            mode, sd = _gpu_zero_point.PHILOX, _seed(seed, op)
+            mode, sd = _gpu_zero_point.PHILOX, v.check_seed(seed, op)
         else:
             mode = _gpu_zero_point.RBITS
             r = intake(rbits, op, "rbits", s)

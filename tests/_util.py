@@ -63,3 +63,57 @@ def op_variant_cases(ops, skip: tuple[str, ...] = ()) -> list:
     return [pytest.param(op, variant, id=f"{op.name}-{i}-{j}")
             for i, op in enumerate(ops) if op.name not in skip
             for j, variant in enumerate(op.variants)]
+
+
+_DTYPE_NAMES = ("float16", "bfloat16", "float32")
+
+
+def framework_replays(op, inputs, module, same, monkeypatch, calls: int = 3):
+    """`calls` calls of an op-table op on a framework's arrays, each on new inputs
+    (`inputs()` -> the CuPy call's args and kwargs, the framework's args and kwargs) with the
+    framework's own dtypes as arguments (`module.bfloat16`) and a new seed each call, each
+    compared by `same` with the same call on CuPy arrays, made after it. Returns the
+    modules of the calls that went the whole way leaving a replay (`whole_ways`), the set of
+    the framework's output dtypes over the calls, and the last call's framework arguments."""
+    seen = whole_ways(monkeypatch)
+    dtypes = set()
+    for call in range(calls):
+        args, kwargs, fargs, fkw = inputs()
+        args, kwargs = framework_call(args, kwargs, None, call)
+        fargs, fkw = framework_call(fargs, fkw, module, call)
+        got = op.fn(*fargs, **fkw)
+        same(got, op.fn(*args, **kwargs))
+        dtypes.add(tuple(g.dtype for g in (got if isinstance(got, tuple) else (got,))))
+    return seen, dtypes, (fargs, fkw)
+
+
+def framework_call(args, kwargs, module, call: int):
+    """An op-table call's arguments with output dtypes named by strings (given by position
+    or as `dtype=`) as a framework's own (`module.bfloat16`; None: the names kept), and its
+    seed, if it has one, 1000 + call (a new seed each call)."""
+    def own(v):
+        if module is None or not (isinstance(v, str) and v in _DTYPE_NAMES):
+            return v
+        return getattr(module, v)
+
+    kwargs = {k: own(v) if k == "dtype" else v for k, v in kwargs.items()}
+    if "seed" in kwargs:
+        kwargs["seed"] = 1000 + call
+    return [own(a) for a in args], kwargs
+
+
+def whole_ways(monkeypatch) -> list:
+    """Forget every replay and record each call that goes the whole way leaving one (by the
+    module of its first argument's type) in the list returned."""
+    from cuquant._core import replay as _fast
+
+    seen = []
+    first = _fast._first
+
+    def counted(op, key, args, kwargs):
+        seen.append(type(args[0]).__module__)
+        return first(op, key, args, kwargs)
+
+    monkeypatch.setattr(_fast, "_first", counted)
+    _fast.clear()
+    return seen

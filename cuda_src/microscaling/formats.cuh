@@ -82,6 +82,43 @@ __device__ __forceinline__ u32 e2m1_magnitude_x2(u32 h) {
     return s - eb + (eb >> 9) - 0x261e261eu;   // s - m + (eb >> 9) - 30, a half each
 }
 
+// The magnitude codes of eight quotients packed (element i in nibble i): e2m1_magnitude's
+// steps, with n + 2E = s - eb + (eb >> 22) - 254 - 0x0b400000 (s = |v| + M, M = eb +
+// 0x0b400000) summed into the word by multiply-adds and the constant taken off once, so
+// that an element costs no shift, mask or merge of its own.
+__device__ __forceinline__ u32 e2m1_magnitudes8(const float* v) {
+    u32 acc = 0u - (254u + 0x0b400000u) * 0x11111111u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float a = fminf(fabsf(v[i]), 6.0f);
+        const u32 eb = umax(f2u(a) & 0x7f800000u, 0x3f800000u);
+        const u32 s = f2u(add_rn(a, u2f(eb + 0x0b400000u)));
+        acc += (s - eb + (eb >> 22)) << (4 * i);
+    }
+    return acc;
+}
+
+// The magnitude codes of |x| * 2**k for a bfloat16 pair x (low half first) and inv2 the
+// bfloat16 pair of 2**k (normal or subnormal): the product is exact where it matters (a
+// bfloat16 has float32's exponent range: only results below 2**-126, whose code is 0,
+// round), so e2m1_magnitude_x2's steps run on bfloat16 pairs: 7 mantissa bits, M = 1.5 *
+// 2**(E + 6), n + 2E = s - eb + (eb >> 6) - 0x43e a half. Codes in bits 0-2 and 16-18.
+__device__ __forceinline__ u32 e2m1_magnitude_bf16x2(u32 x, u32 inv2) {
+    u32 a, s;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(a) : "r"(x & 0x7fff7fffu), "r"(inv2), "r"(0x80008000u));
+    asm("min.bf16x2 %0, %1, %2;" : "=r"(a) : "r"(a), "r"(0x40c040c0u));
+    const u32 eb = max_u16x2(a & 0x7f807f80u, 0x3f803f80u);
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(s) : "r"(a), "r"(0x3f803f80u), "r"(eb + 0x03400340u));
+    return s - eb + (eb >> 6) - 0x043e043eu;
+}
+
+// The sign bits of eight 16-bit values (element 2k in the low half of w[k]) at bit 3 of
+// nibble i, by byte permutes: the high bytes gathered, then each byte's sign replicated.
+__device__ __forceinline__ u32 e2m1_signs8(const u32* w) {
+    const u32 h01 = prmt(w[0], w[1], 0x7531u), h23 = prmt(w[2], w[3], 0x7531u);
+    return (prmt(h01, h23, 0xECA8u) & 0x08080808u) | (prmt(h01, h23, 0xFDB9u) & 0x80808080u);
+}
+
 // e2m1 code with the sign in bit 3 (also for -0); NaN gives 0.
 __device__ __forceinline__ u32 e2m1_nearest(float v) {
     const u32 b = f2u(v);
@@ -111,6 +148,23 @@ __device__ __forceinline__ u32 e2m1_stochastic(float v, u32 word) {
 // 1 subnormal), so one exact multiply by 2**126 makes it.
 __device__ __forceinline__ float e2m1_decode(u32 c) {
     return mul_rn(u2f(((c & 7u) << 22) | ((c & 8u) << 28)), 8.5070591730234616e37f);
+}
+
+// Eight codes (element i in nibble i) as the bfloat16 bits of their values, two a word
+// (element 2k in the low half of o[k]), exact: each magnitude's two bytes looked up by
+// byte permutes (0x00, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0), each
+// nibble's bit 3 moved to bit 7 of its high byte. 16 instructions for 8 elements.
+__device__ __forceinline__ void e2m1x8_bf16(u32 w, u32 (&o)[4]) {
+    const u32 m = w & 0x77777777u, w4 = w << 4;
+    const u32 sa = prmt(w4, w, 0x5140u), sb = prmt(w4, w, 0x7362u);   // sign i at bit 8i+7
+    const u32 ha = prmt(0x3f3f3f00u, 0x40404040u, m) | (sa & 0x80808080u);
+    const u32 la = prmt(0xc0800000u, 0xc0804000u, m);
+    const u32 hb = prmt(0x3f3f3f00u, 0x40404040u, m >> 16) | (sb & 0x80808080u);
+    const u32 lb = prmt(0xc0800000u, 0xc0804000u, m >> 16);
+    o[0] = prmt(la, ha, 0x5140u);
+    o[1] = prmt(la, ha, 0x7362u);
+    o[2] = prmt(lb, hb, 0x5140u);
+    o[3] = prmt(lb, hb, 0x7362u);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -7,18 +7,23 @@ namespace cq {
 // ---------------------------------------------------------------------------------------
 // x [M, K] is read in chunks of CE = VPL * VEC elements, VPL vectors of 16 bytes a lane
 // (ALIGNED false: element by element, for inputs that are not 16-byte aligned). A block of
-// the format is LPB = BLOCK / CE consecutive lanes (one for NVFP4's 16-bit inputs), which
-// reduce its amax by shuffles; holding two vectors a lane halves what each element pays for
-// its block's scale. A warp takes tiles of 32 * U chunks (U * VPL loads in flight a lane),
-// every nwarps-th tile. Each element is read once, except NVFP4's tensor amax (GRID_AMAX):
-// the first pass reduces it over the grid (a co-resident grid, the handshake of
-// common/reduce.cuh in the stream's zeroed workspace ws), keeping each warp's first tile on
-// chip, and the second reads the rest again, the newest first, so that what is still in L2
-// is used.
+// the format is LPB = BLOCK / CE consecutive lanes (one for NVFP4's 16-bit inputs and
+// MXFP4's below), which reduce its amax by shuffles; holding two vectors a lane or more
+// divides what each element pays for its block's scale. A warp takes tiles of 32 * U
+// chunks (U * VPL loads in flight a lane), every nwarps-th tile. Each element is read
+// once, except NVFP4's tensor amax (GRID_AMAX): the first pass reduces it over the grid
+// (a co-resident grid, the handshake of common/reduce.cuh in the stream's zeroed workspace
+// ws), keeping each warp's first tile on chip, and the second reads the rest again, the
+// newest first, so that what is still in L2 is used. NVFP4's grid is persistent either way
+// (each block builds the table of nv_inverse once; the host sizes the grid).
 // Blocks a multiprocessor the registers are bounded for: the generator's state, and the
-// tensor-amax pass's first tile kept on chip, need more.
-template <int ROUND, bool GRID_AMAX> struct MxQuantShape {
-    static constexpr int U = 2, VPL = 2;
+// tensor-amax pass's first tile kept on chip, need more. MXFP4 rounded to nearest from
+// 16-byte vectors holds a whole block a lane (VPL = 4, U = 1: the same loads in flight): no
+// shuffle, and one scale and one 16-byte store of codes a block. The host mirrors VPL and
+// U (_shape in cuquant/_cuda/microscaling.py).
+template <int FMT, int VEC, int ROUND, bool GRID_AMAX> struct MxQuantShape {
+    static constexpr bool WHOLE = FMT == MXFP4 && VEC == 8 && ROUND == MX_NEAREST;
+    static constexpr int U = WHOLE ? 1 : 2, VPL = WHOLE ? 4 : 2;
     static constexpr int MIN_BLOCKS = ROUND == MX_PHILOX || GRID_AMAX ? 3 : 4;
 };
 
@@ -26,7 +31,7 @@ struct MxArgs {
     float inv_max;   // f32(1/448) or f32(1/6)
     int mode;        // MxScaleMode (E8M0 formats)
     float factor;    // NVFP4: f32(S_enc * C(1/6))
-    float dec;       // NVFP4: S_dec
+    const float* inverse;   // NVFP4: nv_inverse of every scale byte (shared memory)
 };
 
 // VPL consecutive vectors.
@@ -142,12 +147,54 @@ __device__ __forceinline__ void quantize_mx_chunk(const Chunk<Tin, VEC, VPL>& x,
     float mul;
     if constexpr (FMT == NVFP4) {
         sb = nv_scale_byte(amax, a.factor);
-        mul = nv_inverse(sb, a.dec);
+        mul = a.inverse[sb];   // a division and a decode a block, done once a launch
     } else {
         sb = e8m0_byte<FMT>(amax, a.mode, a.inv_max);
         mul = e8m0_inverse(sb);
     }
     if (first) scales[sidx] = (u8)sb;
+    if constexpr (FMT != MXFP8 && ROUND == MX_NEAREST && sizeof(Tin) == 2 && CE % 8 == 0) {
+        // Eight elements a word of codes, the signs from x's own bits by byte permutes. A
+        // quotient's sign is x's, flipped where the multiplier is negative (an NVFP4
+        // global amax below zero); NaN multipliers zero the chunk below.
+        constexpr int NW = CE / 8;
+        const u32* xw = reinterpret_cast<const u32*>(&x);
+        const u32 flip = (f2u(mul) >> 31) * 0x88888888u;
+        u32 words[NW];
+        if constexpr (FMT == MXFP4 && IsSame<Tin, bfloat16>::value) {
+            // 2**(127 - b) as a bfloat16 pair (b = 254: subnormal; 255 is NaN, zeroed below).
+            const u32 inv16 = sb == 254u ? 0x0040u : ((254u - sb) << 7) & 0x7fffu;
+            const u32 inv2 = inv16 * 0x00010001u;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) {
+                u32 half16[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    // Elements 0-3 of the half: pairs (0, 1) and (2, 3) to nibbles 0-3.
+                    const u32 c0 = e2m1_magnitude_bf16x2(xw[4 * w + 2 * h], inv2);
+                    const u32 c1 = e2m1_magnitude_bf16x2(xw[4 * w + 2 * h + 1], inv2);
+                    const u32 t = c0 + (c1 << 8);   // codes 0, 2, 1, 3 in bytes 0-3
+                    half16[h] = t + (t >> 12);
+                }
+                words[w] = prmt(half16[0], half16[1], 0x5410u) | e2m1_signs8(xw + 4 * w);
+            }
+        } else {
+            float f[CE];
+#pragma unroll
+            for (int k = 0; k < VPL; ++k) unpack<Tin, VEC>(x.v[k], f + k * VEC);
+#pragma unroll
+            for (int i = 0; i < CE; ++i) f[i] = mul_rn(f[i], mul);
+#pragma unroll
+            for (int w = 0; w < NW; ++w)
+                words[w] = e2m1_magnitudes8(f + 8 * w) | (e2m1_signs8(xw + 4 * w) ^ flip);
+        }
+        const bool nan = is_nan(mul);
+        Vec<u32, NW> o;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) o.v[w] = nan ? 0u : words[w];
+        store_vec<u32, NW>(reinterpret_cast<u32*>(q + (e >> 1)), o);
+        return;
+    }
     float f[CE];
 #pragma unroll
     for (int k = 0; k < VPL; ++k) unpack<Tin, VEC>(x.v[k], f + k * VEC);
@@ -178,17 +225,20 @@ __device__ __forceinline__ void quantize_mx_chunk(const Chunk<Tin, VEC, VPL>& x,
 }
 
 template <typename Tin, int FMT, int VEC, bool ALIGNED, int ROUND, bool GRID_AMAX>
-__global__ void __launch_bounds__(256, MxQuantShape<ROUND, GRID_AMAX>::MIN_BLOCKS)
+__global__ void __launch_bounds__(256, MxQuantShape<FMT, VEC, ROUND, GRID_AMAX>::MIN_BLOCKS)
 quantize_mx(const Tin* __restrict__ x, u8* __restrict__ q, u8* __restrict__ scales,
             float* __restrict__ amax_out, const u32* __restrict__ rbits,
             const float* __restrict__ amax_in, u32* __restrict__ ws, i64 nchunks, i64 m, i64 c,
             u32 c_magic, u32 c_shift, i64 cp4, int mode, int swizzled, float inv_max,
             float amax_value, u32 seed_lo, u32 seed_hi) {
-    typedef MxQuantShape<ROUND, GRID_AMAX> Shape;
+    typedef MxQuantShape<FMT, VEC, ROUND, GRID_AMAX> Shape;
     constexpr int THREADS = 256, BLOCK = MxTraits<FMT>::BLOCK, U = Shape::U, VPL = Shape::VPL;
     constexpr int CE = VEC * VPL, LPB = BLOCK / CE, TILE = 32 * U;
     static_assert(LPB >= 1 && LPB <= 32 && BLOCK % CE == 0, "a block is whole lanes");
     typedef Chunk<Tin, VEC, VPL> ChunkT;
+    // A given amax's first tile loaded before the table (not with random words: they leave
+    // no registers to hold it through the table).
+    constexpr bool EARLY = FMT == NVFP4 && !GRID_AMAX && ROUND != MX_RBITS;
     __shared__ u32 scratch[THREADS / 32 + 1];
     const int lane = threadIdx.x & 31;
     const i64 warp = ((i64)blockIdx.x * THREADS + threadIdx.x) >> 5;
@@ -199,7 +249,9 @@ quantize_mx(const Tin* __restrict__ x, u8* __restrict__ q, u8* __restrict__ scal
     MxArgs a;
     a.inv_max = inv_max;
     a.mode = mode;
-    a.factor = a.dec = 0.0f;
+    a.factor = 0.0f;
+    __shared__ float inverse[FMT == NVFP4 ? THREADS : 1];
+    a.inverse = inverse;
     ChunkT cache[U];
     if constexpr (FMT == NVFP4) {
         float amax;
@@ -225,13 +277,23 @@ quantize_mx(const Tin* __restrict__ x, u8* __restrict__ q, u8* __restrict__ scal
             bits = grid_max(bits, ws, &scratch[THREADS / 32]);
             amax = u2f(bits);
         } else {
+            // The first tile's loads go out before the global scales' divisions, the table
+            // and the barrier, which would otherwise hold them back.
+            if (EARLY && warp < ntiles) {
+#pragma unroll
+                for (int j = 0; j < U; ++j) {
+                    const i64 ch = warp * TILE + j * 32 + lane;
+                    if (ch < nchunks) cache[j] = load_chunk<Tin, VEC, VPL, ALIGNED>(x + ch * CE);
+                }
+            }
             amax = amax_in != nullptr ? *amax_in : amax_value;
         }
         if (amax_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
             amax_out[0] = is_nan(amax) ? u2f(F32_NAN) : amax;   // the canonical NaN
         const NvGlobal g = nv_global(amax);
         a.factor = mul_rn(g.enc, inv_max);
-        a.dec = g.dec;
+        inverse[threadIdx.x] = nv_inverse(threadIdx.x, g.dec);   // THREADS == 256 bytes
+        __syncthreads();
     }
 
     auto tile = [&](i64 t, bool cached) {
@@ -273,6 +335,11 @@ quantize_mx(const Tin* __restrict__ x, u8* __restrict__ q, u8* __restrict__ scal
             const i64 last = warp + ((ntiles - 1 - warp) / nwarps) * nwarps;
             for (i64 t = last; t > warp; t -= nwarps) tile(t, false);
             tile(warp, true);
+        }
+    } else if constexpr (EARLY) {
+        if (warp < ntiles) {
+            tile(warp, true);
+            for (i64 t = warp + nwarps; t < ntiles; t += nwarps) tile(t, false);
         }
     } else {
         for (i64 t = warp; t < ntiles; t += nwarps) tile(t, false);

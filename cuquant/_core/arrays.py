@@ -314,6 +314,7 @@ def to_jax(like, data, fp8=False, keep=None):
     cp = _cupy
     if not data._c_contiguous:
         data = cp.ascontiguousarray(data)
+    global _e8m0_code
     dev, ext = _JAX_DEVICES[like.device]
     dt = data.dtype
     code = None
@@ -323,20 +324,32 @@ def to_jax(like, data, fp8=False, keep=None):
     elif dt == _BF16:
         data, code = data.view(np.uint16), _DL_BFLOAT
     elif name is not None:
-        # other byte codes (E8M0 scales): taken in as uint8, then viewed by JAX
-        out = to_jax(like, data.view(np.uint8), False, keep)
-        return jax.lax.bitcast_convert_type(out, BYTE_CODES[name])
+        # other byte codes (E8M0 scales): DLPack's code where jaxlib takes it, else taken in
+        # as uint8 and viewed by a JAX op
+        if name != "float8_e8m0fnu" or _e8m0_code is False:
+            out = to_jax(like, data.view(np.uint8), False, keep)
+            return jax.lax.bitcast_convert_type(out, BYTE_CODES[name])
+        data, code = data.view(np.uint8), _DL_FLOAT8_E8M0FNU
     if keep is not None and data.size:
         mem = cp.cuda.UnownedMemory(data.data.ptr, data.nbytes, (data, keep), like.device)
         data = cp.ndarray(data.shape, data.dtype, cp.cuda.MemoryPointer(mem, 0))
     capsule = data.__dlpack__(stream=ext or 1)  # 1: the legacy default stream
     if code is not None:
         _set_dlpack_code(capsule, code)
-    return _jax_from_capsule(jax, capsule, dev, ext)
+    if code != _DL_FLOAT8_E8M0FNU or _e8m0_code:
+        return _jax_from_capsule(jax, capsule, dev, ext)
+    try:  # the first E8M0 result: whether this jaxlib takes the code
+        out = _jax_from_capsule(jax, capsule, dev, ext)
+    except Exception:  # noqa: BLE001 - refused: the capsule is left unconsumed
+        _e8m0_code = False
+        return to_jax(like, data, np.dtype(BYTE_CODES[name]), keep)
+    _e8m0_code = out.dtype == BYTE_CODES[name]
+    return out if _e8m0_code else jax.lax.bitcast_convert_type(out, BYTE_CODES[name])
 
 
 # DLPack's type codes (dlpack.h, DLDataTypeCode) of the types JAX takes in their place.
-_DL_BFLOAT, _DL_FLOAT8_E4M3FN = 4, 10
+_DL_BFLOAT, _DL_FLOAT8_E4M3FN, _DL_FLOAT8_E8M0FNU = 4, 10, 14
+_e8m0_code = None  # whether jaxlib takes DLPack's E8M0 code (None: not yet known)
 _capsule_pointer = None
 
 

@@ -10,16 +10,21 @@ with the key run the replay.
 The key holds everything the checks and the plan depend on: the op, every other argument
 with its type (so ``group_size=True`` never reaches the replay of ``group_size=1``), and
 each array's shape, dtype, alignment (address mod 16) and device. Only C-contiguous CuPy
-arrays on the current device and stream take this path, and only plain values (numbers,
-strings, dtypes, tuples of them, and values of a type that declares `__replay_plain__`:
-immutable and compared by value, as the kernel policy) beside them; anything else goes the
-whole way every time.
+arrays on the current device and stream take this path (torch tensors and JAX arrays on
+theirs), given by position or by name, and only plain values (numbers, strings, dtypes,
+torch's and JAX's dtypes, tuples of them, and values of a type that declares
+`__replay_plain__`: immutable and compared by value, as the kernel policy) beside them;
+anything else goes the whole way every time. An op may name arguments whose value the
+launch takes at run time (a seed): the key holds their type, not their value, and the
+replay is handed the value, after the op's own test of it (anything it refuses goes the
+whole way, which raises).
 A replay is only ever left behind by a call that passed every check and made exactly one
 launch with the arrays as given (no copies), so a key reaches only work that call did."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 
 import numpy as np
@@ -38,8 +43,10 @@ _device = _stream = None
 TT = None
 
 # Types of the arguments besides arrays that a key may hold (and NumPy dtypes): values that
-# compare equal only when they mean the same, once their type is in the key too.
-_PLAIN = frozenset((int, float, str, bool, type(None), type))
+# compare equal only when they mean the same, once their type is in the key too. torch's
+# and JAX's dtype types join when those frameworks are first met (immutable, compared by
+# identity).
+_PLAIN = {int, float, str, bool, type(None), type}
 
 
 def _plain(v) -> bool:
@@ -61,6 +68,7 @@ def enable_torch(torch) -> None:
     global TT, _is_compiling
     compiler = getattr(torch, "compiler", None)
     _is_compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
+    _PLAIN.add(type(torch.float32))  # torch.dtype
     TT = torch.Tensor
 
 
@@ -76,8 +84,17 @@ def _enable_torch() -> bool:
 _enable_torch._dynamo_marked_constant = True
 
 
-def replayable(op):
-    """Give the public op `op(x, ..., stream=None)` the replay path (x given by position)."""
+def replayable(op=None, *, values=None):
+    """Give the public op `op(x, ..., stream=None)` the replay path (x given by position).
+    `values`: {argument name: test} for arguments passed by name whose value the launch
+    takes at run time rather than the key (a seed): an int that passes `test` reaches the
+    replay as a value (the launcher's replay takes it after the addresses)."""
+    if op is None:
+        return lambda f: replayable(f, values=values)
+    # Array arguments given by name must come in the op's own order: the addresses are
+    # handed to the replay in that order.
+    order = {name: i for i, name in enumerate(inspect.signature(op).parameters)}
+    spec = (order, values or {})
 
     @functools.wraps(op)
     def call(*args, stream=None, **kwargs):
@@ -93,11 +110,11 @@ def replayable(op):
         tx = type(x)
         if tx is not ND or not x._c_contiguous:
             if tx is TT or (TT is None and tx.__module__ == "torch"):
-                return _torch_call(op, call, x, args, kwargs)
+                return _torch_call(op, call, spec, x, args, kwargs)
             if tx.__module__.startswith(_JAX):
                 if _jax_traced(args, kwargs):
                     return JAX_OPS.route(call, args, kwargs)  # inside jax.jit
-                return _jax_call(op, x, args, kwargs)
+                return _jax_call(op, spec, x, args, kwargs)
             if is_dask(x):  # chunk by chunk, each through this op
                 return dask_call(call, op.__name__, args, kwargs)
             return op(*args, **kwargs)
@@ -107,9 +124,14 @@ def replayable(op):
         ptrs = [d.ptr]
         key = (op, x.shape, x.dtype, ptrs[0] & 15, device)
         if args or kwargs:
-            key = _key_rest(key, ptrs, device, args, kwargs)
+            vals = []
+            key = _key_rest(key, ptrs, device, args, kwargs, spec, vals)
             if key is None:
                 return op(x, *args, **kwargs)
+            replay = _table.get(key)
+            if replay is not None and _device() == device:
+                return replay(_stream(), ptrs, *vals)
+            return _first(op, key, (x,) + args, kwargs)
         replay = _table.get(key)
         if replay is not None and _device() == device:
             return replay(_stream(), ptrs)
@@ -118,10 +140,10 @@ def replayable(op):
     return call
 
 
-def _torch_call(op, call, x, args, kwargs):
+def _torch_call(op, call, spec, x, args, kwargs):
     """A call whose first array is a torch tensor: under torch.compile, the op's torch
     custom op; a C-contiguous CUDA tensor on the current device, its replay when one is
-    kept (launched on torch's current stream, outputs from torch.empty); else the whole
+    kept (launched on torch's current stream, outputs from torch's allocator); else the whole
     way."""
     if _compiling(x):
         return _torch_route(call, args, kwargs)
@@ -129,15 +151,15 @@ def _torch_call(op, call, x, args, kwargs):
     if device < 0 or not x.is_contiguous():
         return op(*args, **kwargs)
     p = x.data_ptr()
-    ptrs = [p]
+    ptrs, vals = [p], []
     key = (op, x.shape, x.dtype, p & 15, device)
     if len(args) > 1 or kwargs:
-        key = _key_rest(key, ptrs, device, args[1:], kwargs)
+        key = _key_rest(key, ptrs, device, args[1:], kwargs, spec, vals)
         if key is None:
             return op(*args, **kwargs)
     replay = _table.get(key)
     if replay is not None and _device() == device:
-        return replay(TORCH_PLACE(device), ptrs)
+        return replay(TORCH_PLACE(device), ptrs, *vals)
     return _first(op, key, args, kwargs)
 
 
@@ -207,10 +229,13 @@ JT = None  # JAX's array type (jaxlib's ArrayImpl), set by `_jax_traced`
 # device -> (the CuPy stream JAX takes external work from, its handle) and the function
 # handing a result to JAX (`arrays.to_jax`); set by _cuda.launch.
 JAX_PLACE = JAX_RESULT = None
-_jax_fp8: dict = {}  # replay key -> which outputs of a JAX call hold fp8 codes
+# replay key -> each output of a JAX call: the byte-code dtype it holds (float8_e4m3fn,
+# E8M0), else False; its replay hands the outputs back with those dtypes
+_jax_fp8: dict = {}
+_JAX_BYTE_CODES = frozenset(("float8_e4m3fn", "float8_e8m0fnu"))
 
 
-def _jax_call(op, x, args, kwargs):
+def _jax_call(op, spec, x, args, kwargs):
     """An eager call whose first array is a JAX array: a C-contiguous one on the current
     CUDA device takes its replay when one is kept (launched on the stream JAX takes
     external work from, after that stream waits for inputs still being computed; results
@@ -226,10 +251,10 @@ def _jax_call(op, x, args, kwargs):
         return op(*args, **kwargs)
     device = dev.local_hardware_id
     p = x.unsafe_buffer_pointer() if x.size else 0
-    ptrs, waits = [p], [x]
+    ptrs, waits, vals = [p], [x], []
     key = (op, x.shape, x.dtype, p & 15, device)
     if len(args) > 1 or kwargs:
-        key = _key_rest(key, ptrs, device, args[1:], kwargs, waits)
+        key = _key_rest(key, ptrs, device, args[1:], kwargs, spec, vals, waits)
         if key is None:
             return op(*args, **kwargs)
     replay = _table.get(key)
@@ -240,14 +265,15 @@ def _jax_call(op, x, args, kwargs):
             res = result if isinstance(result, tuple) else (result,)
             if len(_jax_fp8) >= PLAN_LIMIT:
                 _jax_fp8.clear()
-            _jax_fp8[key] = tuple([r.dtype.name == "float8_e4m3fn" for r in res])
+            _jax_fp8[key] = tuple([r.dtype if r.dtype.name in _JAX_BYTE_CODES else False
+                                   for r in res])
         return result
     stream, handle = JAX_PLACE(device)
     for a in waits:
         if not a.is_ready():
             a.__dlpack__(stream=handle or 1)  # the stream waits for it on the device
     with stream:
-        res = replay(stream, ptrs)
+        res = replay(stream, ptrs, *vals)
         if isinstance(res, tuple):
             return tuple([JAX_RESULT(device, r, f, waits) for r, f in zip(res, fp8)])
         return JAX_RESULT(device, res, fp8[0], waits)
@@ -259,51 +285,83 @@ def _jax_traced(args, kwargs) -> bool:
     if JAX_OPS is None:
         from . import jax_ops
 
+        _PLAIN.add(type(jax_ops.jax.numpy.float32))  # JAX's scalar types (jnp.bfloat16)
         jax_ops.GIVEN_STREAM = GIVEN_STREAM
         JT = jax_ops.ARRAY_TYPE
         JAX_OPS = jax_ops
     return JAX_OPS.traced(args, kwargs)
 
 
-def _key_rest(key, ptrs, device, args, kwargs, waits=None):
-    """The key extended by the arguments after x (their addresses appended to ptrs), or
-    None when one of them cannot be in a key. JAX arrays are taken when `waits` is given
-    (and appended to it)."""
+def _key_rest(key, ptrs, device, args, kwargs, spec, vals, waits=None):
+    """The key extended by the arguments after x (their addresses appended to ptrs, the
+    run-time values that `spec` names to vals), or None when one of them cannot be in a
+    key. JAX arrays are taken when `waits` is given (and appended to it)."""
     for a in args:
         t = type(a)
         if t in _PLAIN:
             key += (t, a)
-        elif t is ND:
-            if not a._c_contiguous or a.data.device_id != device:
-                return None
-            p = a.data.ptr
-            ptrs.append(p)
-            key += (a.shape, a.dtype, p & 15)
-        elif t is TT:
-            if a.get_device() != device or not a.is_contiguous():
-                return None
-            p = a.data_ptr()
-            ptrs.append(p)
-            key += (a.shape, a.dtype, p & 15)
-        elif t is JT and waits is not None:
-            devices = a.sharding.device_set
-            if len(devices) != 1 or next(iter(devices)).local_hardware_id != device or \
-                    next(iter(devices)).platform == "cpu":
-                return None
-            p = a.unsafe_buffer_pointer() if a.size else 0
-            ptrs.append(p)
-            waits.append(a)
-            key += (a.shape, a.dtype, p & 15)
-        elif _plain(a):
-            key += (t, a)
         else:
-            return None
-    for name, a in kwargs.items():
-        t = type(a)
-        if t not in _PLAIN and not _plain(a):
-            return None
-        key += (name, t, a)
+            key = _array_key(key, t, a, ptrs, device, waits)
+            if key is None:
+                return None
+    if kwargs:
+        order, values = spec
+        last = -1
+        for name, a in kwargs.items():
+            t = type(a)
+            if t in _PLAIN:
+                test = values.get(name)
+                if test is not None and t is int:
+                    if not test(a):
+                        return None
+                    vals.append(a)
+                    key += (name, _VALUE)
+                else:
+                    key += (name, t, a)
+                continue
+            i = order.get(name, -1)
+            if i < last:
+                return None
+            last = i
+            key = _array_key(key + (name,), t, a, ptrs, device, waits)
+            if key is None:
+                return None
     return key
+
+
+_VALUE = object()  # in a key: an argument whose value the replay is handed
+
+
+def _array_key(key, t, a, ptrs, device, waits):
+    """The key extended by one argument that is not of a plain type: an array of the call's
+    family on its device (its address appended to ptrs), or another plain value; None
+    otherwise."""
+    if t is ND:
+        if not a._c_contiguous or a.data.device_id != device:
+            return None
+        p = a.data.ptr
+        ptrs.append(p)
+        return key + (a.shape, a.dtype, p & 15)
+    if t is TT:
+        if a.get_device() != device or not a.is_contiguous():
+            return None
+        p = a.data_ptr()
+        ptrs.append(p)
+        return key + (a.shape, a.dtype, p & 15)
+    if t is JT and waits is not None:
+        devices = a.sharding.device_set
+        if len(devices) != 1:
+            return None
+        dev = next(iter(devices))
+        if dev.platform == "cpu" or dev.local_hardware_id != device:
+            return None
+        p = a.unsafe_buffer_pointer() if a.size else 0
+        ptrs.append(p)
+        waits.append(a)
+        return key + (a.shape, a.dtype, p & 15)
+    if _plain(a):
+        return key + (t, a)
+    return None
 
 
 def _first(op, key, args, kwargs):
@@ -323,7 +381,9 @@ def _first(op, key, args, kwargs):
 
 def offer(replay) -> None:
     """A launcher has done a call's work: `replay(stream, ptrs)` does it again for arrays at
-    other addresses (ptrs: the addresses of the call's CuPy arrays, in argument order).
+    other addresses (ptrs: the addresses of the call's CuPy arrays, in argument order); for
+    an op declaring run-time values (`replayable(values=...)`), `replay(stream, ptrs, *values)`
+    with those given by name, in their order, and this call's own values by default.
     Call it only where the launch used the arrays as given (no copies)."""
     offers = getattr(_tls, "offers", None)
     if offers is not None:
@@ -360,6 +420,7 @@ def current_stream():
 def clear() -> None:
     """Forget every replay (for anything that changes how plans are made)."""
     _table.clear()
+    _jax_fp8.clear()
 
 
 __all__ = ["replayable", "offer", "enable", "enable_torch", "clear", "plain", "replay_of", "keep",

@@ -72,6 +72,22 @@ def check_int(value, op: str, arg: str, *, minimum: int | None = None) -> int:
     return v
 
 
+def seed_in_range(seed: int) -> bool:
+    """Whether an int is a seed: Philox4x32-10's 64-bit key."""
+    return 0 <= seed < 1 << 64
+
+
+def check_seed(seed, op: str) -> int:
+    s = check_int(seed, op, "seed")
+    if not seed_in_range(s):
+        raise ValueError(f"{op}: seed must be in [0, 2**64); got {s}")
+    return s
+
+
+# Seeds reach a repeated call's replay as run-time values (`_core.replay.replayable`).
+SEED_VALUE = {"seed": seed_in_range}
+
+
 def check_choice(value, op: str, arg: str, choices) -> object:
     if value not in choices:
         raise ValueError(f"{op}: {arg} must be one of {list(choices)}; got {value!r}")

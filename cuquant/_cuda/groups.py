@@ -295,20 +295,22 @@ def quantize_plan(src: str, fmt_of_bits, x, t: FloatType, bits: int, g: int, rbi
 
 class QuantizeRun:
     """One group-wise quantizer call from the stream and the input addresses (x's, and
-    rbits' for caller-given words): its outputs made, then the plan's launch. The whole way
-    runs it, and the replay cache keeps it as the replay of repeated calls."""
+    rbits' for caller-given words) and, for seeded rounding, the seed (this call's own by
+    default): its outputs made, then the plan's launch. The whole way runs it, and the
+    replay cache keeps it as the replay of repeated calls."""
 
     __slots__ = ("outputs", "plan", "mode", "seed")
 
     def __init__(self, outputs, plan, mode: int, seed: int = 0):
         self.outputs, self.plan, self.mode, self.seed = outputs, plan, mode, seed
 
-    def __call__(self, stream, ptrs):
+    def __call__(self, stream, ptrs, seed=None):
         out, op = self.outputs.make(stream)
         # Formats without a second parameter array or a reconstruction get null pointers.
         p1p, deqp = (op[2], op[3]) if len(op) == 4 else (0, 0)
         launch, grid, threads, head, tail = self.plan
-        seed = self.seed
+        if seed is None:  # a replay's seed is given at run time; the whole way's is its own
+            seed = self.seed
         launch(grid, threads, stream,
                (ptrs[0], op[0], op[1], p1p, deqp,
                 ptrs[1] if len(ptrs) > 1 else 0) + head

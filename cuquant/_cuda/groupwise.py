@@ -89,7 +89,7 @@ _TABLE_BYTES = 64 * BATCH_ITEMS + 8  # BatchTable: the items, n_items, padding t
 
 class BatchRun:
     """One batched dequantization from the stream and each item's (q, params) addresses:
-    each item's output made (`launch.Outputs.make`'s rules: CuPy's pool, torch.empty on a
+    each item's output made (`launch.Outputs.make`'s rules: CuPy's pool, torch's allocator on a
     torch stream, the caller's buffers where given), the items' table written into the
     kernel's argument, one launch for every BATCH_ITEMS items. Nothing is copied to the
     device, so the call can be captured in a CUDA graph. The whole way runs it, and the
@@ -126,7 +126,7 @@ def batched(checked, out: FloatType, stream, batch=None):
     first = checked[0][0]
     device = first.device
     if all(a.family == "torch" for a, *_rest in checked):
-        # torch's current stream (or `stream`), the outputs from torch.empty
+        # torch's current stream (or `stream`), the outputs from torch's allocator
         ptr = _gpu.torch_stream_ptr(device) if stream is None else stream.ptr
         ts = _gpu.torch_stream(device, ptr)
         with cp.cuda.Device(device), ts.cupy():

@@ -13,6 +13,7 @@ import numpy as np
 from .._core import replay as _replay
 from .._core.arrays import (HOST, In, cupy_module, jax_stream_ptr, outcome, require_cupy, to_jax,
                             torch_bytes_view)
+from .._core.dtypes import BYTE_CODES
 
 _props: dict = {}
 _workspaces: dict = {}
@@ -285,18 +286,21 @@ class Outputs:
     layout is worked out once. `make(stream)` returns (arrays, addresses): for a CuPy stream,
     CuPy arrays carved out of one allocation from CuPy's pool (an allocation costs the host
     about as much as half a kernel launch, so a call makes one; the memory is released when
-    every array is); for a `TorchStream`, tensors made by `torch.empty` on its device (the
-    caching allocator, and its graph pool while a graph is captured). float8_e4m3fn outputs
-    are uint8 codes in CuPy and float8_e4m3fn tensors in torch."""
+    every array is); for a `TorchStream`, tensors made by torch on its device (`_torch_maker`:
+    the caching allocator, and its graph pool while a graph is captured). float8_e4m3fn outputs
+    and E8M0 outputs are uint8 codes in CuPy and typed tensors in torch."""
 
-    __slots__ = ("parts", "total", "_cupy", "_torch")
+    __slots__ = ("parts", "total", "torch_names", "_cupy", "_torch")
 
     def __init__(self, *specs):
+        """specs: (shape, dtype) each, or (shape, dtype, torch dtype name) for an output whose
+        torch tensor has a dtype of its own over the same bytes (packed float4 pairs)."""
         parts, total = [], 0
-        for shape, dtype in specs:
+        for shape, dtype, *_ in specs:
             parts.append((tuple(shape), np.dtype(dtype), total))
             total += -(-math.prod(shape) * np.dtype(dtype).itemsize // 256) * 256
         self.parts, self.total = tuple(parts), total
+        self.torch_names = tuple(spec[2] if len(spec) > 2 else None for spec in specs)
         self._cupy = _maker(tuple((s, _cupy_type(d), o) for s, d, o in self.parts), total)
         self._torch = None
 
@@ -304,7 +308,7 @@ class Outputs:
         if type(stream) is TorchStream:
             maker = self._torch
             if maker is None:
-                maker = self._torch = _torch_maker(self.parts)
+                maker = self._torch = _torch_maker(self.parts, self.torch_names)
             return maker(stream.torch_device)
         if type(stream) is _given_type and stream.given:
             return self._take(stream)
@@ -333,8 +337,12 @@ class Outputs:
 
 
 def _cupy_type(dtype: np.dtype):
-    """The scalar type CuPy makes an output of `dtype` with (fp8 codes as uint8)."""
-    return np.uint8 if dtype.name == "float8_e4m3fn" else dtype.type
+    """The scalar type CuPy makes an output of `dtype` with (byte codes, float8_e4m3fn and
+    E8M0, as uint8)."""
+    return np.uint8 if dtype.name in _BYTE_CODE_NAMES else dtype.type
+
+
+_BYTE_CODE_NAMES = frozenset(BYTE_CODES)
 
 
 def _maker(parts, total):
@@ -375,30 +383,50 @@ def torch_dtype(dtype: np.dtype):
     return getattr(torch, name)
 
 
-def _torch_maker(parts):
-    """A function making the tensors of `parts` with torch.empty on a device, and their
-    addresses (one and two outputs written out, as `_maker`)."""
-    empty = _torch().empty
-    parts = tuple((shape, torch_dtype(dtype)) for shape, dtype, _ in parts)
-    if len(parts) == 1:
-        (s0, d0), = parts
+def _torch_maker(parts, names=None):
+    """A function making the tensors of `parts` on a device, and their addresses (one and
+    two outputs written out, as `_maker`). Each is `torch.empty_like` of a template of its
+    shape and dtype over one element (stride 0, so not dense: the new tensor is made
+    C-contiguous): torch's allocator and current stream, as `torch.empty`, without parsing
+    a shape, dtype and device every call, which is most of `torch.empty`'s host time.
+    Templates are made once a device. `names`: torch dtype names that replace some outputs'
+    dtypes (None for none)."""
+    torch = _torch()
+    empty_like = torch.empty_like
+    names = names or (None,) * len(parts)
+    specs = tuple((shape, getattr(torch, n) if n else torch_dtype(dtype))
+                  for (shape, dtype, _), n in zip(parts, names))
+    templates: dict = {}
 
+    def made(device):
+        t = templates[device] = tuple(_template(torch, shape, dt, device) for shape, dt in specs)
+        return t
+
+    if len(specs) == 1:
         def make1(device):
-            a = empty(s0, dtype=d0, device=device)
+            t0, = templates.get(device) or made(device)
+            a = empty_like(t0)
             return (a,), (a.data_ptr(),)
         return make1
-    if len(parts) == 2:
-        (s0, d0), (s1, d1) = parts
-
+    if len(specs) == 2:
         def make2(device):
-            a, b = empty(s0, dtype=d0, device=device), empty(s1, dtype=d1, device=device)
+            t0, t1 = templates.get(device) or made(device)
+            a, b = empty_like(t0), empty_like(t1)
             return (a, b), (a.data_ptr(), b.data_ptr())
         return make2
 
     def make(device):
-        arrays = tuple([empty(shape, dtype=dtype, device=device) for shape, dtype in parts])
+        arrays = tuple([empty_like(t) for t in templates.get(device) or made(device)])
         return arrays, tuple([a.data_ptr() for a in arrays])
     return make
+
+
+def _template(torch, shape, dtype, device):
+    """A tensor of `shape` and `dtype` on `device` whose elements all share one (an expanded
+    view), for `torch.empty_like`: not dense, so its copies are made C-contiguous."""
+    if len(shape) < 1 or math.prod(shape) <= 1:
+        return torch.empty(shape, dtype=dtype, device=device)  # already C-contiguous
+    return torch.empty((1,) * len(shape), dtype=dtype, device=device).expand(shape)
 
 
 PLAN_LIMIT = 4096  # launch plans a table keeps; past that it starts over (shapes vary in serving)
@@ -516,7 +544,7 @@ def _jax_place(device: int):
     return jax_stream(device), jax_stream_ptr(device)
 
 
-def _jax_result(device: int, data, fp8: bool, keep):
+def _jax_result(device: int, data, fp8, keep):
     return to_jax(In(None, "jax", device, None), data, fp8, keep)
 
 

@@ -23,9 +23,16 @@ SCALE_MODES = {"rceil": 0, "floor": 1}   # MxScaleMode
 BLOCK = {MXFP8: 32, MXFP4: 32, NVFP4: 16}
 FP4 = (MXFP4, NVFP4)
 THREADS = 256
-CHUNK_VECTORS = 2      # vectors a lane holds of one block (MxQuantShape's VPL)
-TILE_CHUNKS = 32 * 2   # a warp's tile (MxQuantShape's U = 2 chunks a lane)
-DEQUANT_UNROLL = 4  # MX_DEQUANT_UNROLL in cuda_src/microscaling/dequantize.cuh
+
+
+def _shape(fmt: int, vec: int, rounding: int) -> tuple[int, int]:
+    """(vectors a lane holds of one block, chunks a lane takes a tile): MxQuantShape's VPL and
+    U in cuda_src/microscaling/quantize.cuh (MXFP4 to nearest from 16-byte vectors: a whole
+    block a lane)."""
+    return (4, 1) if fmt == MXFP4 and vec == 8 and rounding == NEAREST else (2, 2)
+
+
+DEQUANT_UNROLL = 2  # MX_DEQUANT_UNROLL in cuda_src/microscaling/dequantize.cuh
 
 _INV_MAX = {MXFP8: np.float32(1.0) / np.float32(448.0), MXFP4: np.float32(1.0) / np.float32(6.0),
             NVFP4: np.float32(1.0) / np.float32(6.0)}
@@ -97,14 +104,23 @@ def _quantize_plan(key, t, fmt, m, k, aligned, scale_mode, swizzled, rounding, g
                    amax_value, outputs, device):
     vec = t.vector_width if aligned else 2
     c = k // BLOCK[fmt]
-    nchunks = m * k // (vec * CHUNK_VECTORS)
+    vpl, u = _shape(fmt, vec, rounding)
+    nchunks = m * k // (vec * vpl)
     expr = quantize_expr(t, fmt, vec, aligned, rounding, grid_amax)
     grid = 0
     if nchunks:
-        grid = -(-(-(-nchunks // TILE_CHUNKS)) // (THREADS // 32))
-        if grid_amax:  # the handshake needs a co-resident grid
+        grid = -(-(-(-nchunks // (32 * u))) // (THREADS // 32))
+        if fmt == NVFP4:
+            # A persistent grid: a block builds its table of 256 multipliers once, not once
+            # a tile. The tensor amax's handshake needs the grid co-resident; a given amax's
+            # grid is the fewest blocks that take the same rounds, so that none idles in
+            # the last one.
             fn = _kernels.function(SRC, expr, device)
-            grid = min(grid, _gpu.resident_blocks(fn, device, THREADS))
+            resident = _gpu.resident_blocks(fn, device, THREADS)
+            if grid_amax:
+                grid = min(grid, resident)
+            else:
+                grid = -(-grid // -(-grid // resident))
         else:
             grid = min(grid, 1 << 20)
     magic, shift = _gpu.fastdiv(max(c, 1))
@@ -114,27 +130,35 @@ def _quantize_plan(key, t, fmt, m, k, aligned, scale_mode, swizzled, rounding, g
                                                    fmt == NVFP4, None))
 
 
-def _outputs(fmt, m, k, swizzled, amax_out):
+def _outputs(fmt, m, k, swizzled, amax_out, fp4x2=False):
+    # Typed byte codes (uint8 in CuPy), so that torch's outputs have their dtypes however
+    # the call is made, replayed or not; fp4x2: packed codes as torch.float4_e2m1fn_x2.
     c = k // BLOCK[fmt]
-    codes = ((m, k // 2 if fmt in FP4 else k), _U8)
-    scales = ((swizzled_size(m, c),), _U8) if swizzled else ((m, c), _U8)
+    codes = ((m, k // 2), _U8) if fmt in FP4 else ((m, k), E4M3.numpy)
+    if fp4x2:
+        codes += ("float4_e2m1fn_x2",)
+    scale_type = E4M3.numpy if fmt == NVFP4 else E8M0.numpy
+    scales = ((swizzled_size(m, c),), _U8) if swizzled else ((m, c), scale_type)
     return _gpu.Outputs(codes, scales, ((1,), _F32)) if amax_out else _gpu.Outputs(codes, scales)
 
 
 def quantize_mx(stream, x, t: FloatType, fmt: int, scale_mode: str, scale_layout: str,
-                rounding: int, rbits, seed: int, policy: KernelPolicy = DEFAULT_POLICY):
-    """MXFP8 / MXFP4 quantization of a 2-D x. Returns ((codes, scales), byte-code kinds)."""
+                rounding: int, rbits, seed: int, policy: KernelPolicy = DEFAULT_POLICY,
+                fp4x2: bool = False):
+    """MXFP8 / MXFP4 quantization of a 2-D x. Returns ((codes, scales), byte-code kinds).
+    fp4x2: torch's codes as float4_e2m1fn_x2."""
     xc = contiguous(x)
     rb = None if rbits is None else contiguous(rbits)
     m, k = xc.shape
     swizzled = scale_layout == "swizzled"
     aligned = xc.data.ptr % 16 == 0 and (rb is None or rb.data.ptr % 16 == 0)
     key = ("mx", t.name, fmt, m, k, aligned, scale_mode, swizzled, rounding, policy.key,
-           xc.data.device_id)
+           xc.data.device_id, fp4x2)
     plan = _plans.get(key)
     if plan is None:
         plan = _quantize_plan(key, t, fmt, m, k, aligned, scale_mode, swizzled, rounding, False,
-                              0.0, _outputs(fmt, m, k, swizzled, False), xc.data.device_id)
+                              0.0, _outputs(fmt, m, k, swizzled, False, fp4x2),
+                              xc.data.device_id)
     kinds = (E4M3.numpy if fmt == MXFP8 else None, None if swizzled else E8M0.numpy)
     if not plan.grid:
         return plan.outputs.make(stream)[0], kinds
@@ -142,12 +166,16 @@ def quantize_mx(stream, x, t: FloatType, fmt: int, scale_mode: str, scale_layout
         offer(plan)
     elif rounding == RBITS and xc is x and rb is rbits:
         offer(lambda stream, ptrs: plan(stream, ptrs, ptrs[1]))
+    elif rounding == PHILOX and xc is x:  # the seed is the replay's run-time value
+        offer(lambda stream, ptrs, seed=seed: plan(stream, ptrs, 0, 0, seed))
     return plan(stream, (xc.data.ptr,), 0 if rb is None else rb.data.ptr, 0, seed), kinds
 
 
 def quantize_nv(stream, x, t: FloatType, scale_layout: str, rounding: int, rbits, seed: int,
-                amax_value, device_amax, policy: KernelPolicy = DEFAULT_POLICY):
-    """NVFP4 quantization of a 2-D x. Returns ((codes, scales, global_amax), kinds)."""
+                amax_value, device_amax, policy: KernelPolicy = DEFAULT_POLICY,
+                fp4x2: bool = False):
+    """NVFP4 quantization of a 2-D x. Returns ((codes, scales, global_amax), kinds).
+    fp4x2: torch's codes as float4_e2m1fn_x2."""
     xc = contiguous(x)
     rb = None if rbits is None else contiguous(rbits)
     m, k = xc.shape
@@ -156,11 +184,11 @@ def quantize_nv(stream, x, t: FloatType, scale_layout: str, rounding: int, rbits
     dynamic = amax_value is None and device_amax is None
     value = 0.0 if amax_value is None else float(amax_value)
     key = ("nv", t.name, m, k, aligned, swizzled, rounding, dynamic, device_amax is None,
-           _gpu.f32_bits(value), policy.key, xc.data.device_id)
+           _gpu.f32_bits(value), policy.key, xc.data.device_id, fp4x2)
     plan = _plans.get(key)
     if plan is None:
         plan = _quantize_plan(key, t, NVFP4, m, k, aligned, "rceil", swizzled, rounding, dynamic,
-                              value, _outputs(NVFP4, m, k, swizzled, device_amax is None),
+                              value, _outputs(NVFP4, m, k, swizzled, device_amax is None, fp4x2),
                               xc.data.device_id)
         plan.amax_out = device_amax is None
     kinds = (None, None if swizzled else E4M3.numpy, None)
@@ -178,7 +206,9 @@ def quantize_nv(stream, x, t: FloatType, scale_layout: str, rounding: int, rbits
     if device_amax is not None:
         codes, scales = plan(stream, (xc.data.ptr,), rp, contiguous(device_amax).data.ptr, seed)
         return (codes, scales, device_amax.reshape(1)), kinds
-    if xc is x and rounding != PHILOX and (rb is rbits):
+    if xc is x and rounding == PHILOX:  # the seed is the replay's run-time value
+        offer(lambda stream, ptrs, seed=seed: plan(stream, ptrs, 0, 0, seed))
+    elif xc is x and rb is rbits:
         offer(plan if rb is None else (lambda stream, ptrs: plan(stream, ptrs, ptrs[1])))
     return plan(stream, (xc.data.ptr,), rp, 0, seed), kinds
 

@@ -100,7 +100,8 @@ def test_arrays_that_differ_do_not_share_a_key(fake, other):
     lambda op: op(FakeArray((4, 8)), FakeArray((8,), device=1)),
     lambda op: op(FakeArray((4, 8)), [1, 2]),
     lambda op: op(FakeArray((4, 8)), np.int64(3)),
-    lambda op: op(FakeArray((4, 8)), group_size=FakeArray((1,))),
+    lambda op: op(FakeArray((4, 8)), group_size=FakeArray((1,), contiguous=False)),
+    lambda op: op(FakeArray((4, 8)), group_size=FakeArray((1,), device=1)),
     lambda op: op(FakeArray((4, 8)), stream="other"),
     lambda op: op(np.zeros((4, 8))),
 ])
@@ -109,6 +110,66 @@ def test_what_a_key_cannot_describe_goes_the_whole_way(fake, call):
     for _ in range(3):
         assert call(op) == "whole"
     assert fake["replays"] == [] and fake["whole"] == 3
+
+
+def _named_op(seen):
+    """An op with two array arguments that may be given by name and a seed handed to the
+    replay; its replays record their addresses and values."""
+
+    def op(x, scale=None, zeros=None, seed=None, *, stream=None):
+        seen["whole"] += 1
+        if seed is not None and not 0 <= seed < 1 << 64:
+            raise ValueError("seed out of range")
+        _fast.offer(lambda s, ptrs, seed=seed: seen["replays"].append((tuple(ptrs), seed))
+                    or "replayed")
+        return "whole"
+
+    return _fast.replayable(op, values={"seed": lambda v: 0 <= v < 1 << 64})
+
+
+def test_arrays_given_by_name_replay_with_their_addresses_in_the_ops_order(fake):
+    op = _named_op(fake)
+    x, s, z = (FakeArray((4, 8), ptr=4096), FakeArray((4,), np.float32, ptr=8192),
+               FakeArray((4,), np.float32, ptr=12288))
+    assert op(x, scale=s, zeros=z) == "whole"
+    x2, s2, z2 = (FakeArray((4, 8), ptr=1 << 20), FakeArray((4,), np.float32, ptr=2 << 20),
+                  FakeArray((4,), np.float32, ptr=3 << 20))
+    assert op(x2, scale=s2, zeros=z2) == "replayed"
+    assert op(x2, s2, zeros=z2) == "whole"  # by position: another key, the same addresses
+    assert op(x2, s2, zeros=z2) == "replayed"
+    assert fake["replays"] == [((1 << 20, 2 << 20, 3 << 20), None)] * 2
+    # Named arrays out of the op's order would hand the replay its addresses out of order.
+    for _ in range(2):
+        assert op(x2, zeros=z2, scale=s2) == "whole"
+    assert len(fake["replays"]) == 2
+
+
+def test_a_seed_reaches_the_replay_as_a_value(fake):
+    op = _named_op(fake)
+    x = FakeArray((4, 8))
+    assert op(x, seed=7) == "whole"
+    assert op(x, seed=2**64 - 1) == "replayed"
+    assert op(x, seed=0) == "replayed"
+    assert fake["replays"] == [((4096,), 2**64 - 1), ((4096,), 0)]
+    with pytest.raises(ValueError):  # refused by the op itself, not replayed
+        op(x, seed=2**64)
+    with pytest.raises(ValueError):
+        op(x, seed=-1)
+    assert fake["whole"] == 3 and len(fake["replays"]) == 2
+    # A seed given by position is part of the key, value and all.
+    assert op(x, None, None, 5) == "whole"
+    assert op(x, None, None, 6) == "whole"
+    assert op(x, None, None, 6) == "replayed"
+    assert fake["replays"][-1] == ((4096,), 6)  # the replay's own seed
+
+
+def test_torch_dtypes_are_plain_once_torch_is_met(fake):
+    torch = pytest.importorskip("torch")
+    _fast.enable_torch(torch)
+    op = fake["op"]
+    op(FakeArray((4, 8)), torch.bfloat16)
+    assert op(FakeArray((4, 8)), torch.bfloat16) == "replayed"
+    assert op(FakeArray((4, 8)), torch.float16) == "whole"
 
 
 def test_another_current_device_goes_the_whole_way(fake, monkeypatch):
@@ -234,23 +295,26 @@ CASES = op_variant_cases(op_table.all_ops(), skip=("dequantize_groupwise_batched
 
 @pytest.mark.parametrize("op, variant", CASES)
 def test_replay_launches_what_the_first_call_launched(recorded, op, variant, rng):
-    """Two calls on inputs at other addresses (same alignment): the second runs the replay
-    unless the call cannot be kept (a seed, an array given by keyword), and launches the
-    same kernel, grid, block and shared memory with the same arguments but the inputs'
-    addresses; its outputs have the shapes, dtypes, strides and (one allocator block
-    here) addresses of the first call's."""
+    """Two calls on inputs at other addresses (same alignment), and another seed for a
+    seeded variant: the second runs the replay, and launches the same kernel, grid, block
+    and shared memory with the same arguments but the inputs' addresses and the seed's
+    words; its outputs have the shapes, dtypes, strides and (one allocator block here)
+    addresses of the first call's."""
     mem, launches = recorded
     args, kwargs = op.make(np, rng, (16, 4096), op.dtypes[0], **variant)
     first_args, first_kw = _on_device(mem, args, kwargs, 1 << 30)
     second_args, second_kw = _on_device(mem, args, kwargs, 1 << 31)
+    moved = {}
+    if "seed" in kwargs:  # seeds whose 32-bit words stand out among the arguments
+        first_kw["seed"], second_kw["seed"] = 0x0123456789ABCDEF, 0x0FEDCBA987654321
+        moved = {0x89ABCDEF: 0x87654321, 0x01234567: 0x0FEDCBA9}
     first = op.fn(*first_args, **first_kw)
     second = op.fn(*second_args, **second_kw)
-    kept = "seed" not in kwargs and not any(isinstance(v, np.ndarray) for v in kwargs.values())
-    assert (len(_fast._table) == 1) == kept
+    assert len(_fast._table) == 1
     assert len(launches) == 2
-    moved = {a.data.ptr: b.data.ptr for a, b in zip(first_args + list(first_kw.values()),
-                                                   second_args + list(second_kw.values()))
-             if isinstance(a, cp.ndarray)}
+    moved.update({a.data.ptr: b.data.ptr for a, b in zip(first_args + list(first_kw.values()),
+                                                        second_args + list(second_kw.values()))
+                  if isinstance(a, cp.ndarray)})
     assert launches[1][:4] == launches[0][:4]
     assert launches[1][4] == tuple(moved.get(v, v) for v in launches[0][4])
     first = first if isinstance(first, tuple) else (first,)

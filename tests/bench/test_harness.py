@@ -69,6 +69,32 @@ def test_host_times_keep_each_calls_lowest_pass_and_its_state(monkeypatch):
                               "host_median_us": 10.0, "launch_median_us": 4.4, "host_passes": 3}
 
 
+def test_a_call_beside_its_base_reports_the_median_of_its_passes_differences(monkeypatch):
+    """Each pass measures base and call alternately, three rounds each, on one CPU; the
+    pass's difference is between their lowest rounds, and over_us is the median over the
+    passes of those differences."""
+    measured = {"torch": iter([13.0, 12.5, 14.0, 20.0, 19.0, 19.5, 12.0, 12.2, 12.1]),
+                "cupy": iter([11.0, 10.0, 10.5, 15.0, 16.0, 18.0, 9.0, 9.1, 9.2]),
+                "empty": iter([4.0, 4.5, 4.2])}
+    order = []
+    monkeypatch.setattr(harness, "quietest_cpu", lambda probe: (5, 0.0))
+    monkeypatch.setattr(harness, "pinned", lambda cpu: contextlib.nullcontext())
+
+    def per_call(fn, rounds):
+        order.append(fn())
+        return next(measured[order[-1]])
+
+    monkeypatch.setattr(harness, "host_us_per_call", per_call)
+    host = harness.HostTimes(probe=lambda: "empty")
+    host.add_beside((0, "torch"), lambda: "torch", lambda: "cupy")
+    assert order == ["cupy", "torch"] * 3 + ["empty"]
+    host.passes(2, gap_s=0.0)
+    res = host.result((0, "torch"))
+    # passes: torch 12.5 over cupy 10.0, 19.0 over 15.0, 12.0 over 9.0: 2.5, 4.0, 3.0
+    assert res["host_us"] == 12.0 and res["host_passes"] == 3
+    assert res["over_us"] == 3.0
+
+
 def test_host_times_keep_no_call_that_raises(monkeypatch):
     monkeypatch.setattr(harness, "quietest_cpu", lambda probe: (0, 0.0))
     monkeypatch.setattr(harness, "pinned", lambda cpu: contextlib.nullcontext())

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import op_table  # noqa: E402
-from _util import assert_same_bits, op_variant_cases  # noqa: E402
+from _util import assert_same_bits, framework_replays, op_variant_cases  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -71,6 +71,20 @@ def test_jax_in_equals_cupy_in(op, variant, rng):
         want = op.fn(*args, **kwargs)
         for _ in range(2):
             _same(op.fn(*jargs, **jkw), want)
+
+
+@pytest.mark.parametrize("op, variant",
+                         op_variant_cases(OPS, skip=("dequantize_groupwise_batched",)))
+def test_jax_dtypes_and_new_seeds_take_the_replay(op, variant, rng, monkeypatch):
+    """Repeated eager calls with JAX's own dtypes as arguments (jnp.bfloat16), arrays given
+    by name and a new seed each call go the whole way once, then run its replay, and give
+    the bits of the same call on CuPy arrays, and the same dtypes every time (the CuPy call
+    made after the JAX call: a CuPy call with the same key would leave the replay the JAX
+    call takes)."""
+    seen, dtypes, _ = framework_replays(
+        op, lambda: _inputs(op, variant, rng, (16, 4096)), jnp, _same, monkeypatch)
+    assert len(dtypes) == 1, dtypes  # replayed or not, the same dtypes
+    assert sum(m.startswith("jax") for m in seen) == 1
 
 
 @pytest.mark.parametrize("op, variant", CASES)

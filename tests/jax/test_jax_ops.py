@@ -64,6 +64,14 @@ def test_jit_takes_a_policy_and_jax_dtypes(rng):
     _same(jax.jit(fn)(x), fn(x))
 
 
+def test_torchs_float4_codes_are_refused_for_jax(rng):
+    x = jnp.asarray(op_table.float_input(np, rng, SHAPE, "float32"))
+    for call in (lambda x: cq.quantize_mxfp4(x, codes_dtype="float4_e2m1fn_x2"),
+                 jax.jit(lambda x: cq.quantize_nvfp4(x, codes_dtype="float4_e2m1fn_x2"))):
+        with pytest.raises(ValueError, match="codes_dtype='float4_e2m1fn_x2' is torch's"):
+            call(x)
+
+
 def test_jit_refuses_a_stream(rng):
     x = jnp.asarray(op_table.float_input(np, rng, SHAPE, "float32"))
     with pytest.raises(TypeError, match="quantize_int8_per_channel: stream= is not taken"):

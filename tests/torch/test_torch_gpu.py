@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import op_table
-from _util import assert_same_bits, op_variant_cases
+from _util import assert_same_bits, framework_replays, op_variant_cases
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -89,6 +89,43 @@ def test_torch_in_equals_cupy_in(op, variant, rng):
                 got = op.fn(*targs, **tkw)
         torch.cuda.current_stream().wait_stream(side)
         _same(got, want)
+
+
+@pytest.mark.parametrize("op, variant",
+                         op_variant_cases(OPS, skip=("dequantize_groupwise_batched",)))
+def test_torch_dtypes_and_new_seeds_take_the_replay(op, variant, rng, monkeypatch):
+    """Repeated calls with torch's own dtypes as arguments (torch.bfloat16), arrays given
+    by name and a new seed each call go the whole way once, then run its replay (a call with
+    a strided tensor is never keyed: the whole way each time, leaving nothing behind), and
+    give the bits of the same call on CuPy arrays and the same dtypes every time."""
+    seen, dtypes, (targs, tkw) = framework_replays(
+        op, lambda: _inputs(op, variant, rng, (16, 4096)), torch, _same, monkeypatch)
+    assert len(dtypes) == 1, dtypes  # replayed or not, the same dtypes
+    strided = any(isinstance(a, torch.Tensor) and not a.is_contiguous()
+                  for a in targs + list(tkw.values()))
+    assert seen.count("torch") == (0 if strided else 1)
+
+
+@pytest.mark.parametrize("name", ["quantize_mxfp4", "quantize_nvfp4"])
+def test_float4_codes_on_the_gpu(name, rng):
+    """codes_dtype='float4_e2m1fn_x2' on CUDA tensors: the whole way and its replays give
+    torch.float4_e2m1fn_x2 codes over the uint8 codes' bytes; torch.compile too."""
+    import cuquant as cq
+
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("this torch has no float4_e2m1fn_x2")
+    quantize = getattr(cq, name)
+    for _ in range(3):
+        x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+        want = quantize(x)
+        got = quantize(x, codes_dtype=torch.float4_e2m1fn_x2)
+        assert got[0].dtype == torch.float4_e2m1fn_x2
+        _same((got[0].view(torch.uint8),) + tuple(got[1:]), want)
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: quantize(t, codes_dtype="float4_e2m1fn_x2"),
+                        fullgraph=True)(x)
+    assert got[0].dtype == torch.float4_e2m1fn_x2
+    _same((got[0].view(torch.uint8),) + tuple(got[1:]), want)
 
 
 @pytest.mark.parametrize("op, variant", CASES)

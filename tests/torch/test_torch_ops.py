@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import cuquant as cq
-from _util import assert_same_bits, op_variant_cases
+from _util import assert_refused, assert_same_bits, op_variant_cases
 import op_table
 from cuquant._core import declare
 
@@ -115,6 +115,35 @@ def test_compile_takes_a_policy_and_torch_dtypes(rng):
 
     torch._dynamo.reset()
     _same(torch.compile(fn, fullgraph=True)(x), fn(x))
+
+
+@pytest.mark.parametrize("quantize", [cq.quantize_mxfp4, cq.quantize_nvfp4])
+def test_packed_fp4_codes_as_torchs_float4_pairs(quantize, rng):
+    """codes_dtype='float4_e2m1fn_x2' (or torch's dtype itself): the codes come back as
+    torch.float4_e2m1fn_x2 over the bytes of the uint8 codes, eagerly and compiled, and the
+    dequantizers take them; any other family, and any other name, is refused."""
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("this torch has no float4_e2m1fn_x2")
+    x = _as_torch(op_table.float_input(np, rng, SHAPE, "bfloat16"))
+    want = quantize(x)
+    for codes_dtype in ("float4_e2m1fn_x2", torch.float4_e2m1fn_x2):
+        torch._dynamo.reset()
+        for got in (quantize(x, codes_dtype=codes_dtype),
+                    torch.compile(lambda t: quantize(t, codes_dtype=codes_dtype),
+                                  fullgraph=True)(x)):
+            assert got[0].dtype == torch.float4_e2m1fn_x2
+            _same((got[0].view(torch.uint8),) + tuple(got[1:]), tuple(want))
+    q, s = quantize(x, codes_dtype="float4_e2m1fn_x2")[:2]
+    if quantize is cq.quantize_mxfp4:
+        _same(cq.dequantize_mxfp4(q, s, torch.float32), cq.dequantize_mxfp4(want[0], s, "float32"))
+    else:
+        amax = want[2]
+        _same(cq.dequantize_nvfp4(q, s, amax, torch.float32),
+              cq.dequantize_nvfp4(want[0], s, amax, "float32"))
+    assert_refused(quantize, (x.float().numpy(),), {"codes_dtype": "float4_e2m1fn_x2"},
+                   ValueError, ["codes_dtype", "float4_e2m1fn_x2", "torch tensors"])
+    assert_refused(quantize, (x,), {"codes_dtype": "int4"}, ValueError,
+                   ["codes_dtype", "'uint8' or 'float4_e2m1fn_x2'", "'int4'"])
 
 
 def test_first_call_of_a_process_compiled():
