@@ -25,7 +25,7 @@ from . import _numpy
 from ._core import replay as _fast
 from ._core.arrays import HOST
 from ._core.call import host_results, intake, one_float32, out_dtype, same_place, stream_of, v
-from ._core.declare import Out, declare, float_named
+from ._core.declare import Out, declare, dtype_name, float_named
 from ._core.dtypes import E4M3, E8M0
 from ._cuda import microscaling as _gpu_mx
 from ._cuda.launch import run as run_gpu
@@ -86,7 +86,7 @@ _FP4X2_TORCH_ONLY = ("{op}: codes_dtype='float4_e2m1fn_x2' is torch's packed flo
 
 
 def _fp4x2_named(codes_dtype) -> bool:
-    return str(codes_dtype).removeprefix("torch.") == "float4_e2m1fn_x2"
+    return dtype_name(codes_dtype) == "float4_e2m1fn_x2"
 
 
 def _check_codes_dtype(codes_dtype, a, op) -> bool:
@@ -101,7 +101,7 @@ def _check_codes_dtype(codes_dtype, a, op) -> bool:
             raise ValueError(f"{op}: codes_dtype='float4_e2m1fn_x2' needs torch 2.8 or later; "
                              f"this is torch {torch.__version__}")
         return True
-    if str(codes_dtype).removeprefix("torch.") != "uint8":
+    if dtype_name(codes_dtype) != "uint8":
         raise ValueError(f"{op}: codes_dtype must be 'uint8' or 'float4_e2m1fn_x2'; got "
                          f"{codes_dtype!r}")
     return False
@@ -194,11 +194,12 @@ def _dequant_intake(op, q, scales, s, per_byte, block, scale_dtypes):
     return a, sc, _check_scales(op, sc, m, k // block, scale_dtypes)
 
 
-# What differs between the three dequantizers: codes a byte, block, scale dtypes, NumPy twin.
+# What differs between the three dequantizers: codes a byte, block, scale dtypes, NumPy twin
+# (NVFP4's takes the global amax before the output dtype).
 _DEQUANT = {
-    _gpu_mx.MXFP8: (1, MX_BLOCK, _E8M0_IN),
-    _gpu_mx.MXFP4: (2, MX_BLOCK, _E8M0_IN),
-    _gpu_mx.NVFP4: (2, NV_BLOCK, _E4M3_IN),
+    _gpu_mx.MXFP8: (1, MX_BLOCK, _E8M0_IN, _numpy.dequantize_mxfp8),
+    _gpu_mx.MXFP4: (2, MX_BLOCK, _E8M0_IN, _numpy.dequantize_mxfp4),
+    _gpu_mx.NVFP4: (2, NV_BLOCK, _E4M3_IN, _numpy.dequantize_nvfp4),
 }
 
 
@@ -208,17 +209,15 @@ def _dequantize(op, fmt, q, scales, global_amax, dtype, stream, policy):
     policy = check_policy(policy, op)
     s = stream_of(stream, op)
     out = out_dtype(dtype, op)
-    per_byte, block, scale_dtypes = _DEQUANT[fmt]
+    per_byte, block, scale_dtypes, twin = _DEQUANT[fmt]
     a, sc, swz = _dequant_intake(op, q, scales, s, per_byte, block, scale_dtypes)
     amax = None
     if fmt == _gpu_mx.NVFP4:
         amax = one_float32(global_amax, op, "global_amax", ("q", a), s, positive=False)
     same_place(op, ("q", a), ("scales", sc))
     if a.device == HOST:
-        if fmt == _gpu_mx.NVFP4:
-            return host_results(a, _numpy.dequantize_nvfp4(a.data, sc.data, amax[0], out))
-        twin = _numpy.dequantize_mxfp8 if fmt == _gpu_mx.MXFP8 else _numpy.dequantize_mxfp4
-        return host_results(a, twin(a.data, sc.data, out))
+        extra = () if amax is None else (amax[0],)
+        return host_results(a, twin(a.data, sc.data, *extra, out))
     return run_gpu(a, s, _gpu_mx.dequantize, a.data, sc.data, amax, fmt, swz, out, policy)
 
 

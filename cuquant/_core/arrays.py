@@ -311,10 +311,10 @@ def to_jax(like, data, fp8=False, keep=None):
     jax = sys.modules["jax"]
     if like.device == HOST:
         return jax.device_put(data, next(iter(like.source.devices())))
+    global _e8m0_code
     cp = _cupy
     if not data._c_contiguous:
         data = cp.ascontiguousarray(data)
-    global _e8m0_code
     dev, ext = _JAX_DEVICES[like.device]
     dt = data.dtype
     code = None

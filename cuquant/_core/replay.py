@@ -30,6 +30,7 @@ import threading
 import numpy as np
 
 from .dask import call as dask_call, is_dask
+from .dtypes import BYTE_CODES
 
 PLAN_LIMIT = 4096  # replays kept; past that the table starts over (as the launch plan tables)
 
@@ -231,8 +232,8 @@ JT = None  # JAX's array type (jaxlib's ArrayImpl), set by `_jax_traced`
 JAX_PLACE = JAX_RESULT = None
 # replay key -> each output of a JAX call: the byte-code dtype it holds (float8_e4m3fn,
 # E8M0), else False; its replay hands the outputs back with those dtypes
-_jax_fp8: dict = {}
-_JAX_BYTE_CODES = frozenset(("float8_e4m3fn", "float8_e8m0fnu"))
+_jax_kinds: dict = {}
+_BYTE_CODE_NAMES = frozenset(BYTE_CODES)
 
 
 def _jax_call(op, spec, x, args, kwargs):
@@ -258,15 +259,15 @@ def _jax_call(op, spec, x, args, kwargs):
         if key is None:
             return op(*args, **kwargs)
     replay = _table.get(key)
-    fp8 = _jax_fp8.get(key)
-    if replay is None or fp8 is None or _device() != device:
+    kinds = _jax_kinds.get(key)
+    if replay is None or kinds is None or _device() != device:
         result = _first(op, key, args, kwargs)
         if key in _table:
             res = result if isinstance(result, tuple) else (result,)
-            if len(_jax_fp8) >= PLAN_LIMIT:
-                _jax_fp8.clear()
-            _jax_fp8[key] = tuple([r.dtype if r.dtype.name in _JAX_BYTE_CODES else False
-                                   for r in res])
+            if len(_jax_kinds) >= PLAN_LIMIT:
+                _jax_kinds.clear()
+            _jax_kinds[key] = tuple([r.dtype if r.dtype.name in _BYTE_CODE_NAMES else False
+                                     for r in res])
         return result
     stream, handle = JAX_PLACE(device)
     for a in waits:
@@ -275,8 +276,8 @@ def _jax_call(op, spec, x, args, kwargs):
     with stream:
         res = replay(stream, ptrs, *vals)
         if isinstance(res, tuple):
-            return tuple([JAX_RESULT(device, r, f, waits) for r, f in zip(res, fp8)])
-        return JAX_RESULT(device, res, fp8[0], waits)
+            return tuple([JAX_RESULT(device, r, k, waits) for r, k in zip(res, kinds)])
+        return JAX_RESULT(device, res, kinds[0], waits)
 
 
 def _jax_traced(args, kwargs) -> bool:
@@ -420,7 +421,7 @@ def current_stream():
 def clear() -> None:
     """Forget every replay (for anything that changes how plans are made)."""
     _table.clear()
-    _jax_fp8.clear()
+    _jax_kinds.clear()
 
 
 __all__ = ["replayable", "offer", "enable", "enable_torch", "clear", "plain", "replay_of", "keep",
