@@ -22,10 +22,24 @@ __device__ __forceinline__ float sub_rn(float a, float b) {
     asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
     return r;
 }
+// |a| * b (the absolute value folds into the multiply's operand).
+__device__ __forceinline__ float mul_abs_rn(float a, float b) {
+    float r;
+    asm("{\n\t.reg .f32 t;\n\tabs.f32 t, %1;\n\tmul.rn.f32 %0, t, %2;\n\t}" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
 __device__ __forceinline__ float fma_rn(float a, float b, float c) {
     float r;
     asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
     return r;
+}
+// rp(rp(a + r * n) + m): a difference rounded up (toward +infinity), then rounded up to a
+// multiple of m's ulp: the stochastic e2m1 rule's exact comparison (microscaling/formats.cuh).
+__device__ __forceinline__ float fma_add_rp(float r, float n, float a, float m) {
+    float s;
+    asm("{\n\t.reg .f32 d;\n\tfma.rp.f32 d, %1, %2, %3;\n\tadd.rp.f32 %0, d, %4;\n\t}"
+        : "=f"(s) : "f"(r), "f"(n), "f"(a), "f"(m));
+    return s;
 }
 __device__ __forceinline__ float div_rn(float a, float b) {
     float r;

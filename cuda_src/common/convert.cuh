@@ -55,4 +55,9 @@ template <> __device__ __forceinline__ u32 abs_bits<bfloat16>(bfloat16 v) {
     return ((u32)(v.bits & 0x7fffu)) << 16;
 }
 
+// The sign bit of a value (1 for negative numbers, -0 and NaNs with the bit set).
+__device__ __forceinline__ u32 sign_bit(float v) { return f2u(v) >> 31; }
+__device__ __forceinline__ u32 sign_bit(half v) { return (u32)v.bits >> 15; }
+__device__ __forceinline__ u32 sign_bit(bfloat16 v) { return (u32)v.bits >> 15; }
+
 }  // namespace cq

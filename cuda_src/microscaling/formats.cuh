@@ -126,22 +126,28 @@ __device__ __forceinline__ u32 e2m1_nearest(float v) {
 }
 
 // Stochastic rounding on the same grid: between grid points lo <= |v| < hi, up iff
-// f32(word >> 8) < (|v| - lo) / (hi - lo) * 2**24; 6 and above give 6; NaN gives 0. From 1
-// to 6 that fraction times 2**24 is the 22 mantissa bits below the grid's one, times 4.
-__device__ __forceinline__ u32 e2m1_stochastic(float v, u32 word) {
-    const u32 b = f2u(v), mag = b & 0x7fffffffu, r24 = word >> 8;
-    u32 c;
-    if (mag >= 0x40c00000u) {
-        c = 7u;
-    } else if (mag >= 0x3f800000u) {
-        c = (mag >> 22) - 252u + (r24 < ((mag & 0x3fffffu) << 2) ? 1u : 0u);
-    } else {
-        const float t = mul_rn(u2f(mag), 2.0f);             // 2|v| < 2, exact
-        const u32 fl = t >= 1.0f ? 1u : 0u;
-        const float frac = mul_rn(sub_rn(t, (float)fl), 16777216.0f);   // exact
-        c = fl + ((float)r24 < frac ? 1u : 0u);
+// f32(word >> 8) < (|v| - lo) / (hi - lo) * 2**24; 6 and above give 6. The magnitude codes
+// of eight quotients packed (element i in nibble i), as e2m1_magnitudes8. With a = min(|v|,
+// 6), E = max(exponent of a, 0) and the step 2**(E - 1) of a's stretch of the grid, up iff
+// a - r24 * step / 2**24 > lo, so the code is ceil((a - r24 * step / 2**24) / step) + 2E:
+// the difference rounded up (fma.rp), then rounded up to a multiple of the step by adding
+// M = 1.5 * 2**(E + 22) (add.rp), whose ulp is the step. Rounding up never crosses a grid
+// point (they are floats), so both roundings leave the ceiling as it is, and the comparison
+// is exact however small a is (subnormals kept: integer min and max, unflushed PTX). A NaN
+// quotient gives 7; callers zero a NaN block's codes. N <= 8 quotients' magnitudes |v|.
+template <int N>
+__device__ __forceinline__ u32 e2m1_stochastic_magnitudes(const float* v, const u32* word) {
+    u32 acc = 0u - (254u + 0x0b400000u) * (0x11111111u >> (32 - 4 * N));
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const u32 a = umin(f2u(v[i]), 0x40c00000u);
+        const u32 eb = umax(a, 0x3f800000u) & 0x7f800000u;
+        const float r = __uint2float_rn(word[i] & 0xffffff00u);    // r24 * 2**8, exact
+        const float nstep = u2f(eb + (0x80000000u - (33u << 23)));  // -step * 2**-32
+        const u32 s = f2u(fma_add_rp(r, nstep, u2f(a), u2f(eb + 0x0b400000u)));
+        acc += (s - eb + (eb >> 22)) << (4 * i);
     }
-    return mag > 0x7f800000u ? 0u : (((b >> 28) & 8u) | c);
+    return acc;
 }
 
 // The value of an e2m1 code: (c & 7) << 22 is 2**-126 times it as float bits (codes 0 and

@@ -14,17 +14,21 @@ namespace cq {
 // once, except NVFP4's tensor amax (GRID_AMAX): the first pass reduces it over the grid
 // (a co-resident grid, the handshake of common/reduce.cuh in the stream's zeroed workspace
 // ws), keeping each warp's first tile on chip, and the second reads the rest again, the
-// newest first, so that what is still in L2 is used. NVFP4's grid is persistent either way
-// (each block builds the table of nv_inverse once; the host sizes the grid).
-// Blocks a multiprocessor the registers are bounded for: the generator's state, and the
-// tensor-amax pass's first tile kept on chip, need more. MXFP4 rounded to nearest from
-// 16-byte vectors holds a whole block a lane (VPL = 4, U = 1: the same loads in flight): no
-// shuffle, and one scale and one 16-byte store of codes a block. The host mirrors VPL and
-// U (_shape in cuquant/_cuda/microscaling.py).
+// newest first, so that what is still in L2 is used. An NVFP4 block builds the table of
+// nv_inverse once and then takes many tiles (the host sizes the grid: co-resident for the
+// tensor amax, a few waves for a given one, so that blocks start at different times and
+// one's table is built while the others' loads run).
+// MXFP4 from 16-byte vectors holds a whole block a lane (VPL = 4, U = 1: the same loads in
+// flight): no shuffle, and one scale and one 16-byte store of codes a block. Stochastic
+// rounding takes a chunk a lane (U = 1): its random words are read (rbits) or made
+// (Philox) beside its loads, before anything waits on them. Blocks a multiprocessor the
+// registers are bounded for: MXFP4's Philox words for a whole block, and the tensor-amax
+// pass's first tile kept on chip, need more. The host mirrors VPL and U (_shape in
+// cuquant/_cuda/microscaling.py).
 template <int FMT, int VEC, int ROUND, bool GRID_AMAX> struct MxQuantShape {
-    static constexpr bool WHOLE = FMT == MXFP4 && VEC == 8 && ROUND == MX_NEAREST;
-    static constexpr int U = WHOLE ? 1 : 2, VPL = WHOLE ? 4 : 2;
-    static constexpr int MIN_BLOCKS = ROUND == MX_PHILOX || GRID_AMAX ? 3 : 4;
+    static constexpr bool WHOLE = FMT == MXFP4 && VEC == 8 && ROUND != MX_RBITS;
+    static constexpr int U = WHOLE || ROUND != MX_NEAREST ? 1 : 2, VPL = WHOLE ? 4 : 2;
+    static constexpr int MIN_BLOCKS = (GRID_AMAX && ROUND == MX_NEAREST) || (WHOLE && ROUND == MX_PHILOX) ? 3 : 4;
 };
 
 struct MxArgs {
@@ -82,14 +86,12 @@ __device__ __forceinline__ void random_words(u32* w, i64 e, const u32* __restric
     }
 }
 
-// The e2m1 codes of CE quotients, packed two a byte (element 2i low), as CE / 8 words, or
-// for CE == 4 one 16-bit word in words[0].
-template <typename Tin, int FMT, int CE, bool ALIGNED, int ROUND>
-__device__ __forceinline__ void e2m1_words(const float* f, u32* words, i64 e,
-                                           const u32* __restrict__ rbits, u32 seed_lo,
-                                           u32 seed_hi) {
+// The e2m1 codes of CE quotients rounded to nearest, packed two a byte (element 2i low), as
+// CE / 8 words, or for CE == 4 one 16-bit word in words[0].
+template <typename Tin, int FMT, int CE>
+__device__ __forceinline__ void e2m1_words(const float* f, u32* words) {
     constexpr int NW = CE >= 8 ? CE / 8 : 1;
-    if constexpr (ROUND == MX_NEAREST && FMT == MXFP4 && sizeof(Tin) == 2) {
+    if constexpr (FMT == MXFP4 && sizeof(Tin) == 2) {
         // Two codes at once on float16 pairs (e2m1_magnitude_x2): the pair's signs (bits
         // 15 and 31) shifted to bits 3 and 19 beside the codes, then the high half's
         // nibble folded down to bits 4-7.
@@ -107,7 +109,7 @@ __device__ __forceinline__ void e2m1_words(const float* f, u32* words, i64 e,
         } else {
             words[0] = prmt(bytes[0], bytes[1], 0x0040u);
         }
-    } else if constexpr (ROUND == MX_NEAREST) {
+    } else {
         // The sign of each quotient (x's: the multiplier is positive or NaN) into bit 3 of
         // its nibble, the magnitude's code below it.
 #pragma unroll
@@ -120,28 +122,33 @@ __device__ __forceinline__ void e2m1_words(const float* f, u32* words, i64 e,
             }
             words[w] = packed;
         }
+    }
+}
+
+// Stores a chunk's packed e2m1 codes (CE / 8 words, or for CE == 4 one 16-bit word) at
+// element e, all 0 where the block's multiplier is NaN (a NaN element makes the block's
+// scale NaN; an infinity times a finite multiplier stays infinite).
+template <int CE>
+__device__ __forceinline__ void store_e2m1(u8* __restrict__ q, i64 e, const u32* words, bool nan) {
+    u8* out = q + (e >> 1);
+    if constexpr (CE >= 8) {
+        constexpr int NW = CE / 8;
+        Vec<u32, NW> o;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) o.v[w] = nan ? 0u : words[w];
+        store_vec<u32, NW>(reinterpret_cast<u32*>(out), o);
     } else {
-        u32 r[CE];
-        random_words<CE, ALIGNED, ROUND>(r, e, rbits, seed_lo, seed_hi);
-#pragma unroll
-        for (int w = 0; w < NW; ++w) {
-            u32 packed = 0;
-#pragma unroll
-            for (int i = 0; i < (CE < 8 ? CE : 8); ++i)
-                packed |= e2m1_stochastic(f[8 * w + i], r[8 * w + i]) << (4 * i);
-            words[w] = packed;
-        }
+        *reinterpret_cast<u16*>(out) = nan ? (u16)0 : (u16)words[0];
     }
 }
 
 // Quantizes one chunk (elements e .. e + CE - 1) against its block's amax bits; lane
-// `first` of the block stores the scale byte at sidx.
-template <typename Tin, int FMT, int VEC, int VPL, bool ALIGNED, int ROUND>
+// `first` of the block stores the scale byte at sidx; r: the chunk's random words.
+template <typename Tin, int FMT, int VEC, int VPL, int ROUND>
 __device__ __forceinline__ void quantize_mx_chunk(const Chunk<Tin, VEC, VPL>& x, u32 amax, i64 e,
                                                   u8* __restrict__ q, u8* __restrict__ scales,
                                                   i64 sidx, bool first, const MxArgs& a,
-                                                  const u32* __restrict__ rbits, u32 seed_lo,
-                                                  u32 seed_hi) {
+                                                  const u32* r) {
     constexpr int CE = VEC * VPL;
     u32 sb;
     float mul;
@@ -188,11 +195,35 @@ __device__ __forceinline__ void quantize_mx_chunk(const Chunk<Tin, VEC, VPL>& x,
             for (int w = 0; w < NW; ++w)
                 words[w] = e2m1_magnitudes8(f + 8 * w) | (e2m1_signs8(xw + 4 * w) ^ flip);
         }
-        const bool nan = is_nan(mul);
-        Vec<u32, NW> o;
+        store_e2m1<CE>(q, e, words, is_nan(mul));
+        return;
+    }
+    if constexpr (FMT != MXFP8 && ROUND != MX_NEAREST) {
+        // Stochastic, from the chunk's random words r: the magnitudes of |x| * |multiplier|,
+        // the signs x's (eight a word by byte permutes from 16-bit inputs), flipped where the
+        // multiplier is negative (an NVFP4 global amax below zero).
+        constexpr int NW = CE >= 8 ? CE / 8 : 1, PER = CE < 8 ? CE : 8;
+        float f[CE];
 #pragma unroll
-        for (int w = 0; w < NW; ++w) o.v[w] = nan ? 0u : words[w];
-        store_vec<u32, NW>(reinterpret_cast<u32*>(q + (e >> 1)), o);
+        for (int k = 0; k < VPL; ++k) unpack<Tin, VEC>(x.v[k], f + k * VEC);
+        const float amul = u2f(f2u(mul) & 0x7fffffffu);
+#pragma unroll
+        for (int i = 0; i < CE; ++i) f[i] = mul_abs_rn(f[i], amul);
+        const u32 flip = (f2u(mul) >> 31) * 0x88888888u;
+        u32 words[NW];
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            u32 signs = 0;
+            if constexpr (sizeof(Tin) == 2 && PER == 8) {
+                signs = e2m1_signs8(reinterpret_cast<const u32*>(&x) + 4 * w);
+            } else {
+#pragma unroll
+                for (int i = 0; i < PER; ++i)
+                    signs |= (sign_bit(x.v[(8 * w + i) / VEC].v[(8 * w + i) % VEC]) << (4 * i + 3));
+            }
+            words[w] = e2m1_stochastic_magnitudes<PER>(f + 8 * w, r + 8 * w) | (signs ^ flip);
+        }
+        store_e2m1<CE>(q, e, words, is_nan(mul));
         return;
     }
     float f[CE];
@@ -205,22 +236,8 @@ __device__ __forceinline__ void quantize_mx_chunk(const Chunk<Tin, VEC, VPL>& x,
     } else {
         constexpr int NW = CE >= 8 ? CE / 8 : 1;
         u32 words[NW];
-        e2m1_words<Tin, FMT, CE, ALIGNED, ROUND>(f, words, e, rbits, seed_lo, seed_hi);
-        // A quotient is NaN only where the block's multiplier is (a NaN element makes the
-        // block's scale NaN, an infinity times a finite multiplier stays infinite): then the
-        // whole chunk's codes are 0.
-        const bool nan = is_nan(mul);
-#pragma unroll
-        for (int w = 0; w < NW; ++w) words[w] = nan ? 0u : words[w];
-        u8* out = q + (e >> 1);
-        if constexpr (CE >= 8) {
-            Vec<u32, NW> o;
-#pragma unroll
-            for (int w = 0; w < NW; ++w) o.v[w] = words[w];
-            store_vec<u32, NW>(reinterpret_cast<u32*>(out), o);
-        } else {
-            *reinterpret_cast<u16*>(out) = (u16)words[0];
-        }
+        e2m1_words<Tin, FMT, CE>(f, words);
+        store_e2m1<CE>(q, e, words, is_nan(mul));
     }
 }
 
@@ -296,15 +313,22 @@ quantize_mx(const Tin* __restrict__ x, u8* __restrict__ q, u8* __restrict__ scal
         __syncthreads();
     }
 
-    auto tile = [&](i64 t, bool cached) {
-        ChunkT val[U];
+    auto load = [&](i64 t, ChunkT (&val)[U]) {
 #pragma unroll
         for (int j = 0; j < U; ++j) {
             const i64 ch = t * TILE + j * 32 + lane;
-            if (cached) {
-                val[j] = cache[j];
-            } else if (ch < nchunks) {
-                val[j] = load_chunk<Tin, VEC, VPL, ALIGNED>(x + ch * CE);
+            if (ch < nchunks) val[j] = load_chunk<Tin, VEC, VPL, ALIGNED>(x + ch * CE);
+        }
+    };
+    // Quantizes tile t from val (loaded, or in flight: the random words are read or made
+    // beside those loads, before anything waits on them).
+    auto tile = [&](i64 t, const ChunkT (&val)[U]) {
+        u32 rw[U][ROUND == MX_NEAREST ? 1 : CE];
+        if constexpr (ROUND != MX_NEAREST) {
+#pragma unroll
+            for (int j = 0; j < U; ++j) {
+                const i64 ch = t * TILE + j * 32 + lane;
+                if (ch < nchunks) random_words<CE, ALIGNED, ROUND>(rw[j], ch * CE, rbits, seed_lo, seed_hi);
             }
         }
 #pragma unroll
@@ -324,8 +348,8 @@ quantize_mx(const Tin* __restrict__ x, u8* __restrict__ q, u8* __restrict__ scal
                     const i64 r = cdiv.div(blk);
                     sidx = swizzled_index(r, blk - r * c, cp4);
                 }
-                quantize_mx_chunk<Tin, FMT, VEC, VPL, ALIGNED, ROUND>(
-                    val[j], amax, ch * CE, q, scales, sidx, lane % LPB == 0, a, rbits, seed_lo, seed_hi);
+                quantize_mx_chunk<Tin, FMT, VEC, VPL, ROUND>(val[j], amax, ch * CE, q, scales, sidx,
+                                                             lane % LPB == 0, a, rw[j]);
             }
         }
     };
@@ -333,16 +357,28 @@ quantize_mx(const Tin* __restrict__ x, u8* __restrict__ q, u8* __restrict__ scal
     if constexpr (FMT == NVFP4 && GRID_AMAX) {
         if (warp < ntiles) {
             const i64 last = warp + ((ntiles - 1 - warp) / nwarps) * nwarps;
-            for (i64 t = last; t > warp; t -= nwarps) tile(t, false);
-            tile(warp, true);
+            for (i64 t = last; t > warp; t -= nwarps) {
+                ChunkT val[U];
+                load(t, val);
+                tile(t, val);
+            }
+            tile(warp, cache);
         }
     } else if constexpr (EARLY) {
         if (warp < ntiles) {
-            tile(warp, true);
-            for (i64 t = warp + nwarps; t < ntiles; t += nwarps) tile(t, false);
+            tile(warp, cache);
+            for (i64 t = warp + nwarps; t < ntiles; t += nwarps) {
+                ChunkT val[U];
+                load(t, val);
+                tile(t, val);
+            }
         }
     } else {
-        for (i64 t = warp; t < ntiles; t += nwarps) tile(t, false);
+        for (i64 t = warp; t < ntiles; t += nwarps) {
+            ChunkT val[U];
+            load(t, val);
+            tile(t, val);
+        }
     }
     if (swizzled) zero_swizzle_padding(scales, m, c, cp4);
 }

@@ -28,11 +28,17 @@ THREADS = 256
 def _shape(fmt: int, vec: int, rounding: int) -> tuple[int, int]:
     """(vectors a lane holds of one block, chunks a lane takes a tile): MxQuantShape's VPL and
     U in cuda_src/microscaling/quantize.cuh (MXFP4 to nearest from 16-byte vectors: a whole
-    block a lane)."""
-    return (4, 1) if fmt == MXFP4 and vec == 8 and rounding == NEAREST else (2, 2)
+    block a lane; stochastic rounding: one chunk a lane, its random words beside it)."""
+    if fmt == MXFP4 and vec == 8 and rounding != RBITS:
+        return 4, 1
+    return (2, 2) if rounding == NEAREST else (2, 1)
 
 
 DEQUANT_UNROLL = 2  # MX_DEQUANT_UNROLL in cuda_src/microscaling/dequantize.cuh
+# Waves of resident blocks an NVFP4 quantizer with a given amax launches at most: blocks that
+# start together build their tables together, with no loads of theirs in flight; a few
+# waves stagger the starts while each table still serves many tiles.
+NV_WAVES = 6
 
 _INV_MAX = {MXFP8: np.float32(1.0) / np.float32(448.0), MXFP4: np.float32(1.0) / np.float32(6.0),
             NVFP4: np.float32(1.0) / np.float32(6.0)}
@@ -111,16 +117,16 @@ def _quantize_plan(key, t, fmt, m, k, aligned, scale_mode, swizzled, rounding, g
     if nchunks:
         grid = -(-(-(-nchunks // (32 * u))) // (THREADS // 32))
         if fmt == NVFP4:
-            # A persistent grid: a block builds its table of 256 multipliers once, not once
-            # a tile. The tensor amax's handshake needs the grid co-resident; a given amax's
-            # grid is the fewest blocks that take the same rounds, so that none idles in
-            # the last one.
+            # A block builds its table of 256 multipliers once and then takes many tiles.
+            # The tensor amax's handshake needs the grid co-resident; a given amax's grid is
+            # NV_WAVES waves of resident blocks (fewer where there is less work), the fewest
+            # blocks that take the same rounds, so that none idles in the last one.
             fn = _kernels.function(SRC, expr, device)
             resident = _gpu.resident_blocks(fn, device, THREADS)
             if grid_amax:
                 grid = min(grid, resident)
             else:
-                grid = -(-grid // -(-grid // resident))
+                grid = -(-grid // -(-grid // (NV_WAVES * resident)))
         else:
             grid = min(grid, 1 << 20)
     magic, shift = _gpu.fastdiv(max(c, 1))

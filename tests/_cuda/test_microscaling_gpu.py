@@ -235,6 +235,41 @@ def test_quotients_at_every_e2m1_boundary(dtype, rng):
               cq.quantize_nvfp4(x, 2688.0, rounding=rounding, **kw), f"{dtype} nvfp4 {rounding}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stochastic_words_at_each_quotients_threshold(dtype, rng):
+    """Random words one below, at and one above each quotient's threshold (up iff r24 is
+    below the quotient's fraction of its grid step times 2**24), their low bytes 0x00 or
+    0xff: quotients in every stretch of the e2m1 grid, at 6 (and above, under "floor"), and
+    below 2**-25, where the fraction is not a whole number, down to float32's subnormals.
+    Rows of one block whose amax (6, or 6.5 under "floor") makes MXFP4's multiplier 1, so
+    that the quotients are x."""
+    t = np.dtype(FLOATS[dtype].numpy)
+    grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
+    picks = [0.3, 0.5, 0.7, 0.75, 1.1, 1.25, 1.9, 2.2, 2.5, 3.7, 4.5, 5.9, 6.0, 0.125,
+             1.5 * 2.0 ** -20, 2.0 ** -24, 1.25 * 2.0 ** -26, 2.0 ** -40, 2.0 ** -100, 2.0 ** -126,
+             1.5 * 2.0 ** -130, 2.0 ** -140, 0.0, 1e-3, 0.2, 0.45, 3.1, 5.1, 0.9, 1.6, 0.05]
+    for mode, top in (("rceil", 6.0), ("floor", 6.5)):
+        row = np.array([top] + picks, np.float32).astype(t)   # 32: one MX block
+        v = np.abs(row[1:].astype(np.float64))
+        lo_i = np.clip(np.searchsorted(grid, v, side="right") - 1, 0, 6)
+        frac = np.where(v >= 6, 0.0, (v - grid[lo_i]) / (grid[lo_i + 1] - grid[lo_i]))
+        threshold = np.floor(frac * 2.0 ** 24).astype(np.int64)
+        x = np.tile(row, (6, 1))
+        x[::2, 1:] = -x[::2, 1:]   # signs, -0 among them
+        r = rng.integers(0, 1 << 32, size=x.shape, dtype=np.uint32)
+        for k, (shift, low) in enumerate(itertools.product((-1, 0, 1), (0x00, 0xFF))):
+            r24 = np.clip(threshold + shift, 0, (1 << 24) - 1).astype(np.uint32)
+            r[k, 1:] = (r24 << np.uint32(8)) | np.uint32(low)
+        scales = cq.quantize_mxfp4(x, mode, rounding="stochastic", rbits=r)[1]
+        assert (scales.view(np.uint8) == 127).all()   # the multiplier is 1
+        _same(cq.quantize_mxfp4(_dev(x), mode, rounding="stochastic", rbits=_dev(r)),
+              cq.quantize_mxfp4(x, mode, rounding="stochastic", rbits=r), f"{dtype} mxfp4 {mode}")
+        for amax in (None, 6.0, 1e-30):
+            _same(cq.quantize_nvfp4(_dev(x), amax, rounding="stochastic", rbits=_dev(r))[:2],
+                  cq.quantize_nvfp4(x, amax, rounding="stochastic", rbits=r)[:2],
+                  f"{dtype} nvfp4 {amax} {mode} rows")
+
+
 def test_seed_is_the_words_of_random_bits(rng):
     x = op_table.float_input(np, rng, (37, 4096), "bfloat16")
     for fn in (cq.quantize_mxfp4, cq.quantize_nvfp4):
