@@ -127,14 +127,15 @@ __device__ __forceinline__ u32 e2m1_nearest(float v) {
 
 // Stochastic rounding on the same grid: between grid points lo <= |v| < hi, up iff
 // f32(word >> 8) < (|v| - lo) / (hi - lo) * 2**24; 6 and above give 6. The magnitude codes
-// of eight quotients packed (element i in nibble i), as e2m1_magnitudes8. With a = min(|v|,
-// 6), E = max(exponent of a, 0) and the step 2**(E - 1) of a's stretch of the grid, up iff
-// a - r24 * step / 2**24 > lo, so the code is ceil((a - r24 * step / 2**24) / step) + 2E:
-// the difference rounded up (fma.rp), then rounded up to a multiple of the step by adding
-// M = 1.5 * 2**(E + 22) (add.rp), whose ulp is the step. Rounding up never crosses a grid
-// point (they are floats), so both roundings leave the ceiling as it is, and the comparison
-// is exact however small a is (subnormals kept: integer min and max, unflushed PTX). A NaN
-// quotient gives 7; callers zero a NaN block's codes. N <= 8 quotients' magnitudes |v|.
+// of N <= 8 quotients packed (element i in nibble i, as e2m1_magnitudes8), from their
+// magnitudes |v| and their words. With a = min(|v|, 6), E = max(exponent of a, 0) and the
+// step 2**(E - 1) of a's stretch of the grid, up iff a - r24 * step / 2**24 > lo, so the
+// code is ceil((a - r24 * step / 2**24) / step) + 2E: the difference rounded up (fma.rp),
+// then rounded up to a multiple of the step by adding M = 1.5 * 2**(E + 22) (add.rp), whose
+// ulp is the step. Rounding up never crosses a grid point (they are floats), so both
+// roundings leave the ceiling as it is, and the comparison is exact however small a is
+// (subnormals kept: integer min and max, unflushed PTX). A NaN quotient gives 7; callers
+// zero a NaN block's codes.
 template <int N>
 __device__ __forceinline__ u32 e2m1_stochastic_magnitudes(const float* v, const u32* word) {
     u32 acc = 0u - (254u + 0x0b400000u) * (0x11111111u >> (32 - 4 * N));
