@@ -49,14 +49,13 @@ __all__ = ["quantize_groupwise_zero_point", "dequantize_groupwise_zero_point", "
 # ---------------------------------------------------------------------------------------
 # Public ops
 
-
-
 def _q_zp(a):
     m, k = a["x"].shape
     t = dtype_name(a["x"].dtype)
     g = k // a["group_size"]
     return [Out((m, k // 2 if a["bits"] == 4 else k), "uint8"), Out((m, g), t), Out((m, g), t),
             Out((m, k), t)]
+
 
 @declare(_q_zp)
 @_fast.replayable(values=v.SEED_VALUE)

@@ -304,10 +304,11 @@ def as_torch(data, fp8=False):
 def to_jax(like, data, fp8=False, keep=None):
     """A result as a JAX array. On a GPU, handed to JAX without a copy through DLPack,
     ordered on the stream JAX takes external work from (the current stream is the launch
-    stream); bfloat16 and float8_e4m3fn go as 16- and 8-bit integers whose DLPack type code
-    is rewritten, so that no JAX op is dispatched to view them back. `keep` (the call's
-    inputs) lives as long as the result: JAX does not know the launch read them, and
-    would otherwise give their memory to new arrays as soon as the caller drops them."""
+    stream); bfloat16, float8_e4m3fn and (where jaxlib takes its code) float8_e8m0fnu go as
+    16- and 8-bit integers whose DLPack type code is rewritten, so that no JAX op is
+    dispatched to view them back. `keep` (the call's inputs) lives as long as the result:
+    JAX does not know the launch read them, and would otherwise give their memory to new
+    arrays as soon as the caller drops them."""
     jax = sys.modules["jax"]
     if like.device == HOST:
         return jax.device_put(data, next(iter(like.source.devices())))

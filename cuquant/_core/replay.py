@@ -233,7 +233,6 @@ JAX_PLACE = JAX_RESULT = None
 # replay key -> each output of a JAX call: the byte-code dtype it holds (float8_e4m3fn,
 # E8M0), else False; its replay hands the outputs back with those dtypes
 _jax_kinds: dict = {}
-_BYTE_CODE_NAMES = frozenset(BYTE_CODES)
 
 
 def _jax_call(op, spec, x, args, kwargs):
@@ -266,7 +265,7 @@ def _jax_call(op, spec, x, args, kwargs):
             res = result if isinstance(result, tuple) else (result,)
             if len(_jax_kinds) >= PLAN_LIMIT:
                 _jax_kinds.clear()
-            _jax_kinds[key] = tuple([r.dtype if r.dtype.name in _BYTE_CODE_NAMES else False
+            _jax_kinds[key] = tuple([r.dtype if r.dtype.name in BYTE_CODES else False
                                      for r in res])
         return result
     stream, handle = JAX_PLACE(device)

@@ -339,10 +339,7 @@ class Outputs:
 def _cupy_type(dtype: np.dtype):
     """The scalar type CuPy makes an output of `dtype` with (byte codes, float8_e4m3fn and
     E8M0, as uint8)."""
-    return np.uint8 if dtype.name in _BYTE_CODE_NAMES else dtype.type
-
-
-_BYTE_CODE_NAMES = frozenset(BYTE_CODES)
+    return np.uint8 if dtype.name in BYTE_CODES else dtype.type
 
 
 def _maker(parts, total):
