@@ -308,7 +308,8 @@ def markdown(env, copy_bw, rows) -> str:
             "median over the passes. At the headline shape, "
             "`100 back to back` is a call's share of 100 calls made back to back without an "
             "L2 flush and with one synchronization at the end, with CuPy arrays and with "
-            "torch tensors (the median of 7 rounds, the two taking turns).", "",
+            "torch tensors (the median of 12 rounds, the two taking turns in an order reversed "
+            "every other round).", "",
             "| " + " | ".join(name for _, name in COLUMNS) + " |",
             "|" + "---|" * len(COLUMNS)]
     return "\n".join(head + [_line(r) for r in rows]) + "\n"

@@ -250,20 +250,22 @@ def to_torch(obj):
 
 
 
-def back_to_back_us(*fns, calls: int = 100, reps: int = 7) -> list[float]:
+def back_to_back_us(*fns, calls: int = 100, reps: int = 12) -> list[float]:
     """Microseconds a call of `calls` calls made back to back (no L2 flush between them)
     with one device synchronization at the end: the longer of the host's and the GPU's
-    time, whichever bounds a stream of calls. The median over `reps`, for each of `fns`,
-    their repetitions taken in turn so that the GPU's drift over the measurement (its clocks
-    under a long load) falls on each alike."""
+    time, whichever bounds a stream of calls. The median over `reps`, for each of `fns`.
+    Their repetitions take turns, the order reversed every other round (A B, B A, ...):
+    the GPU's clocks drift under a long load, and in a fixed order that drift falls on the
+    later function every round."""
     cp = _cp()
     dev = cp.cuda.Device()
     for fn in fns:
         fn()
     dev.synchronize()
     times: list = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, t in zip(fns, times):
+    order = list(zip(fns, times))
+    for r in range(reps):
+        for fn, t in (order if r % 2 == 0 else order[::-1]):
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()

@@ -95,6 +95,38 @@ def test_a_call_beside_its_base_reports_the_median_of_its_passes_differences(mon
     assert res["over_us"] == 3.0
 
 
+def test_back_to_back_rounds_take_turns_in_an_order_reversed_every_other_round(monkeypatch):
+    """Each round times every function's 100 calls in turn, the order reversed every other
+    round, so that a drift of the GPU over the measurement falls on each alike; each
+    function's figure is the median of its rounds, per call."""
+    import types
+
+    order, clock = [], [0.0]
+    cost = {"cupy": 1.0, "torch": 1.5}  # seconds a round's 100 calls take
+
+    class Device:
+        def synchronize(self):
+            if order and order[-1] != "sync":
+                clock[0] += cost[order[-1]]
+                order.append("sync")
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device))
+    monkeypatch.setattr(harness, "_cp", lambda: fake)
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: clock[0])
+
+    def call(name):
+        def fn():
+            if not order or order[-1] != name:
+                order.append(name)
+        return fn
+
+    a, b = harness.back_to_back_us(call("cupy"), call("torch"), calls=100, reps=4)
+    rounds = [name for name in order if name != "sync"]
+    # the warm-up calls, then A B, B A, A B, B A
+    assert rounds == ["cupy", "torch"] + ["cupy", "torch", "torch", "cupy"] * 2
+    assert (a, b) == (pytest.approx(1.0 / 100 * 1e6), pytest.approx(1.5 / 100 * 1e6))
+
+
 def test_host_times_keep_no_call_that_raises(monkeypatch):
     monkeypatch.setattr(harness, "quietest_cpu", lambda probe: (0, 0.0))
     monkeypatch.setattr(harness, "pinned", lambda cpu: contextlib.nullcontext())
