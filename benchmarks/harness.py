@@ -249,7 +249,6 @@ def to_torch(obj):
     return obj
 
 
-
 def back_to_back_us(*fns, calls: int = 100, reps: int = 12) -> list[float]:
     """Microseconds a call of `calls` calls made back to back (no L2 flush between them)
     with one device synchronization at the end: the longer of the host's and the GPU's

@@ -110,8 +110,8 @@ __device__ __forceinline__ void e2m1_words(const float* f, u32* words) {
             words[0] = prmt(bytes[0], bytes[1], 0x0040u);
         }
     } else {
-        // The sign of each quotient (x's: the multiplier is positive or NaN) into bit 3 of
-        // its nibble, the magnitude's code below it.
+        // The sign of each quotient (x's, flipped where the multiplier is negative) into bit
+        // 3 of its nibble, the magnitude's code below it.
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
             u32 packed = 0;
